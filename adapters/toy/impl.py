@@ -1,0 +1,152 @@
+"""The ``toy`` adapter: a pixel-space text-to-image rectified-flow model small enough for CPU tests.
+
+Latents are the images themselves, ``[B, 3, R, R]`` in ``[-1, 1]``; ``decode`` only rescales them.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from diffusers import SD3Transformer2DModel
+from transformers import CLIPTextModelWithProjection, CLIPTokenizer
+from vgrpo_adapters.toy import ToyAdapterConfig
+from vgrpo_adapters.toy.build import build_toy_model, is_built
+
+from vgrpo_platform.protocols import BuildContext, Conditioning, SamplerSpec, Samples
+from vgrpo_platform.sampling import solve_flow_ode
+from vgrpo_platform.schedules import RectifiedFlowSchedule
+
+TIMESTEP_SCALE = 1000.0
+"""SD3's transformer embeds ``timestep = 1000 t`` (the scheduler's ``sigma * num_train_timesteps``)."""
+
+HEAD_DIM, TEXT_DIM, MAX_PROMPT_TOKENS = 16, 32, 32  # fixed sizes of a built toy model
+
+
+class ToyAdapter:
+    """SD3 MMDiT (trained) + CLIP text encoder (frozen) + byte-level CLIP tokenizer."""
+
+    modality = "image"
+    lora_target_modules: Sequence[str] = ("to_q", "to_k", "to_v", "to_out.0", "proj_out", "norm_out.linear")
+
+    def __init__(
+        self,
+        transformer: SD3Transformer2DModel,
+        text_encoder: CLIPTextModelWithProjection,
+        tokenizer: CLIPTokenizer,
+        resolution: int | None = None,
+        shift: float = 1.0,
+        owned_dir: tempfile.TemporaryDirectory | None = None,
+    ) -> None:
+        cfg = transformer.config
+        if cfg.in_channels != 3 or (cfg.out_channels or cfg.in_channels) != 3:
+            raise ValueError(
+                f"the toy adapter works in pixel space: the transformer needs 3 input and output channels, "
+                f"got in_channels={cfg.in_channels}, out_channels={cfg.out_channels}"
+            )
+        resolution = resolution or cfg.sample_size
+        max_side = cfg.pos_embed_max_size * cfg.patch_size
+        if resolution % cfg.patch_size or resolution > max_side:
+            raise ValueError(
+                f"resolution {resolution} must be a multiple of the patch size {cfg.patch_size} and at most "
+                f"{max_side} (pos_embed_max_size {cfg.pos_embed_max_size} x patch size) for this transformer"
+            )
+        self.denoiser = transformer
+        self.text_encoder = text_encoder.requires_grad_(False).eval()  # frozen: conditioning has no grad
+        self.tokenizer = tokenizer
+        self.resolution = resolution
+        self.schedule = RectifiedFlowSchedule(shift)
+        self.device = transformer.device
+        self.dtype = transformer.dtype
+        self.max_prompt_tokens = min(tokenizer.model_max_length, text_encoder.config.max_position_embeddings)
+        self._owned_dir = owned_dir  # a temporary build folder lives as long as the adapter
+
+    @classmethod
+    def load(
+        cls,
+        path: str | Path,
+        *,
+        resolution: int | None = None,
+        shift: float = 1.0,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype | None = None,
+        owned_dir: tempfile.TemporaryDirectory | None = None,
+    ) -> ToyAdapter:
+        """Load a folder with ``transformer/``, ``text_encoder/``, ``tokenizer/`` (``from_pretrained``)."""
+        path = Path(path)
+        missing = [sub for sub in ("transformer", "text_encoder", "tokenizer") if not (path / sub).is_dir()]
+        if missing:
+            raise FileNotFoundError(f"toy model folder {path} lacks the subfolder(s) {', '.join(missing)}")
+        dtype = dtype or torch.float32
+        transformer = SD3Transformer2DModel.from_pretrained(path / "transformer", torch_dtype=dtype)
+        text_encoder = CLIPTextModelWithProjection.from_pretrained(path / "text_encoder", dtype=dtype)
+        tokenizer = CLIPTokenizer.from_pretrained(path / "tokenizer")
+        return cls(
+            transformer.to(device), text_encoder.to(device), tokenizer,
+            resolution=resolution, shift=shift, owned_dir=owned_dir,
+        )
+
+    @classmethod
+    def from_config(cls, config: ToyAdapterConfig, context: BuildContext) -> ToyAdapter:
+        """The factory's work: resolve or build the model folder, then load it like any checkpoint."""
+        owned_dir = None
+        if config.model_path is not None:
+            folder = Path(config.model_path).expanduser()
+            if not folder.is_absolute() and context.recipe_dir is not None:
+                folder = Path(context.recipe_dir) / folder
+        else:
+            if context.run_dir is not None:
+                folder = Path(context.run_dir) / "toy_model"
+            else:
+                owned_dir = tempfile.TemporaryDirectory(prefix="vgrpo_toy_")
+                folder = Path(owned_dir.name)
+            args = dict(
+                seed=config.init_seed, resolution=config.resolution, num_layers=config.num_layers,
+                num_heads=config.num_heads, head_dim=HEAD_DIM, text_dim=TEXT_DIM,
+                max_prompt_tokens=MAX_PROMPT_TOKENS,
+            )
+            if not is_built(folder, **args):
+                build_toy_model(folder, **args)
+        return cls.load(
+            folder, resolution=config.resolution, shift=config.shift,
+            device=context.device, dtype=context.dtype, owned_dir=owned_dir,
+        )
+
+    def latent_shape(self) -> tuple[int, ...]:
+        return (3, self.resolution, self.resolution)
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: Sequence[str]) -> Conditioning:
+        """``prompt_embeds`` ``[B, S, D]`` (per-token, joint attention) and ``pooled_prompt_embeds``
+        ``[B, D]`` (projected EOS state, added to the timestep embedding), as in SD3."""
+        tokens = self.tokenizer(
+            list(prompts), padding="max_length", max_length=self.max_prompt_tokens, truncation=True,
+            return_tensors="pt",
+        )
+        out = self.text_encoder(input_ids=tokens.input_ids.to(self.device))
+        return {"prompt_embeds": out.last_hidden_state, "pooled_prompt_embeds": out.text_embeds}
+
+    def predict(self, z_t: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+        """Velocity ``v ~ eps - x0`` at ``z_t`` ``[B, 3, R, R]``, ``t`` ``[B]`` in ``[0, 1]``."""
+        t = t.to(device=z_t.device, dtype=torch.float32).expand(z_t.shape[0])  # [B]
+        out = self.denoiser(
+            hidden_states=z_t.to(self.dtype),
+            encoder_hidden_states=cond["prompt_embeds"].to(self.dtype),
+            pooled_projections=cond["pooled_prompt_embeds"].to(self.dtype),
+            timestep=t * TIMESTEP_SCALE,
+            return_dict=False,
+        )[0]
+        return out.to(z_t.dtype)  # [B, 3, R, R]
+
+    def sample(self, noise: torch.Tensor, cond: Conditioning, sampler: SamplerSpec) -> torch.Tensor:
+        """Clean images ``[B, 3, R, R]`` in model space (about ``[-1, 1]``) from noise, no gradient."""
+        with torch.no_grad():
+            return solve_flow_ode(
+                lambda z, t: self.predict(z, t, cond), noise, sampler, shift=self.schedule.shift
+            )
+
+    def decode(self, latents: torch.Tensor) -> Samples:
+        """``[-1, 1]`` pixels -> ``[0, 1]`` images ``[B, 3, R, R]`` (float32, clamped)."""
+        return Samples("image", ((latents.float() + 1) / 2).clamp(0, 1))

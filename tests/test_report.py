@@ -1,0 +1,250 @@
+"""``vgrpo report``: a synthetic run directory in, plots + self-contained HTML out; clear one-line errors."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from typer.testing import CliRunner
+
+from vgrpo_platform import cli
+from vgrpo_platform.report import ReportError, eval_table, read_run_metrics, reward_keys, write_report
+
+EVAL_ITERS = (0, 2, 4)
+RECIPE_TOML = '[run]\nname = "<script>alert(1)</script>"\n\n[[rewards]]\nname = "shapes"\n'
+
+
+def train_record(i: int) -> dict:
+    return {
+        "kind": "train",
+        "iteration": i,
+        "wall_seconds": 10.0 * i,
+        "reward": 0.1 * i,
+        "reward/shapes": 0.1 * i,
+        "reward_std/shapes": 0.05,
+        "detail/shapes/correct": 0.05 * i,
+        "detail/shapes/color": 0.2 * i,
+        "loss": 1.0 / i,
+        "kl": 0.01 * i,
+        "ratio_mean": 1.0,
+        "ratio_min": 0.9,
+        "ratio_max": 1.1,
+        "grad_norm": 2.0 - 0.1 * i,
+        "zero_std_fraction": 0.0,
+        "time_rollout": 3.0,
+        "time_reward": 0.5,
+        "time_train": 1.5 + i,
+    }
+
+
+def eval_record(i: int) -> dict:
+    # dyadic fractions: exact in binary and printed the same by repr and by a 4-digit format
+    return {
+        "kind": "eval",
+        "iteration": i,
+        "wall_seconds": 10.0 * i,
+        "reward": 0.125 + 0.1875 * i,
+        "reward/shapes": 0.125 + 0.1875 * i,
+        "detail/shapes/correct": 0.0625 * (i + 1),
+        "detail/shapes/color": 0.5 + 0.0625 * i,
+    }
+
+
+def records() -> list[dict]:
+    out = [eval_record(0)]
+    for i in range(1, 5):
+        out.append(train_record(i))
+        if i in EVAL_ITERS:
+            out.append(eval_record(i))
+    return out
+
+
+def tiny_grid(path: Path, shade: int) -> None:
+    rng = np.random.default_rng(shade)
+    pixels = rng.integers(0, 256, size=(12, 20, 3), dtype=np.uint8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(pixels).save(path)
+
+
+def make_run(root: Path, lines: list[str] | None = None) -> Path:
+    run = root / "myrun"
+    run.mkdir()
+    if lines is None:
+        lines = [json.dumps(r) for r in records()]
+    (run / "metrics.jsonl").write_text("".join(line + "\n" for line in lines))
+    for i in EVAL_ITERS:
+        tiny_grid(run / "samples" / f"eval_{i:06d}.png", i)
+    (run / "recipe.toml").write_text(RECIPE_TOML)
+    (run / "resolved_recipe.json").write_text(json.dumps({"run": {"name": "myrun"}}))
+    return run
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    """Rendered once (matplotlib takes seconds here); its metrics end in a killed run's torn line."""
+    lines = [json.dumps(r) for r in records()] + ['{"kind": "train", "iteration": 5, "rew']
+    run = make_run(tmp_path_factory.mktemp("report"), lines)
+    index = write_report(run)
+    return run, index, index.read_text()
+
+
+# --------------------------------------------------------------------------------------- outputs
+def test_report_folder_is_written(report):
+    run, index, _ = report
+    assert index == run / "report" / "index.html"
+    for name in ("rewards.png", "training.png"):
+        path = run / "report" / name
+        with Image.open(path) as im:
+            im.verify()  # a well-formed PNG
+        with Image.open(path) as im:
+            assert im.format == "PNG" and im.width >= 800 and im.height >= 500
+            rgb = np.asarray(im.convert("RGB")).astype(np.int64)  # [H, W, 3]
+            assert len(np.unique(rgb @ np.array([65536, 256, 1]))) > 50  # lines, text, fills: not blank
+        assert path.stat().st_size > 20_000
+
+
+def test_rewards_figure_has_a_row_per_reward_panel(report):
+    # total, reward/shapes, detail/shapes/* -> 3 rows of (iteration, wall-clock) panels
+    run, _, _ = report
+    with Image.open(run / "report" / "rewards.png") as im:
+        assert im.height > 2.5 * 290  # 2.9 in per row at 100 dpi
+
+
+def test_html_references_every_grid_and_copies_it(report):
+    run, _, text = report
+    srcs = re.findall(r'<img src="([^"]+)"', text)
+    for i in EVAL_ITERS:
+        name = f"eval_{i:06d}.png"
+        assert f"samples/{name}" in srcs
+        copied = run / "report" / "samples" / name
+        assert copied.read_bytes() == (run / "samples" / name).read_bytes()
+    for src in srcs:  # relative paths that resolve inside the report folder: it is self-contained
+        assert not src.startswith(("/", "http")) and (run / "report" / src).is_file()
+    assert {"rewards.png", "training.png"} <= set(srcs)
+    # first and last evaluation side by side, then every grid in iteration order
+    pair = re.search(r'<div class="pair">(.*?)</div>', text).group(1)
+    assert re.findall(r'<img src="([^"]+)"', pair) == ["samples/eval_000000.png", "samples/eval_000004.png"]
+    every = re.search(r'<div class="all">(.*?)</div>', text).group(1)
+    assert re.findall(r'<img src="([^"]+)"', every) == [f"samples/eval_{i:06d}.png" for i in EVAL_ITERS]
+
+
+def test_html_table_holds_first_and_last_eval_values(report):
+    _, _, text = report
+    first, last = eval_record(EVAL_ITERS[0]), eval_record(EVAL_ITERS[-1])
+    assert f"first eval (iteration {EVAL_ITERS[0]})" in text
+    assert f"last eval (iteration {EVAL_ITERS[-1]})" in text
+    for key in ("reward", "reward/shapes", "detail/shapes/correct", "detail/shapes/color"):
+        change = last[key] - first[key]
+        row = f"<tr><td>{key}</td><td>{first[key]!r}</td><td>{last[key]!r}</td><td>+{change!r}</td></tr>"
+        assert row in text, key
+
+
+def test_html_escapes_the_recipe(report):
+    _, _, text = report
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text
+    assert "<script>" not in text
+    assert "resolved_recipe.json" in text
+
+
+def test_eval_table_and_keys_follow_the_records():
+    recs = records()
+    evals = [r for r in recs if r["kind"] == "eval"]
+    assert reward_keys(recs) == ["reward", "reward/shapes", "detail/shapes/correct", "detail/shapes/color"]
+    table = eval_table(evals)
+    assert table == [(k, evals[0][k], evals[-1][k]) for k in reward_keys(evals)]
+    assert eval_table([]) == []
+
+
+# ------------------------------------------------------------------------------- torn and corrupt
+def test_torn_last_line_is_skipped(tmp_path):
+    lines = [json.dumps(r) for r in records()]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("\n".join(lines) + '\n{"kind": "train", "iteration": 5, "rew')
+    metrics = read_run_metrics(path)
+    assert metrics.torn_last_line
+    assert [r["iteration"] for r in metrics.train] == [1, 2, 3, 4]
+    assert [r["iteration"] for r in metrics.eval] == list(EVAL_ITERS)
+
+
+def test_torn_last_line_report_still_renders(report):
+    _, _, text = report
+    assert "was incomplete" in text and "4 train iterations (last: 4)" in text
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        ("", "is empty"),
+        ("\n\n", "is empty"),
+        ('{"kind": "eval", "iteration": 0}\n{oops\n{"kind": "eval", "iteration": 2}', ":2: not valid JSON"),
+        ('[1, 2]\n{"kind": "train", "iteration": 2}\n', ":1: expected a JSON object"),
+        ('{"kind": "train"}\n{"kind": "train", "iteration": 2}\n', ":1: expected a JSON object"),
+        ('{"kind": "other", "iteration": 1}\n', "no train or eval records"),
+        ("torn", "no train or eval records"),  # a single torn line leaves nothing
+    ],
+)
+def test_bad_metrics_are_one_line_errors(tmp_path, content, fragment):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(content)
+    with pytest.raises(ReportError) as info:
+        read_run_metrics(path)
+    assert fragment in str(info.value) and "\n" not in str(info.value)
+
+
+def test_missing_matplotlib_is_a_clear_error(tmp_path, monkeypatch):
+    run = make_run(tmp_path)
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # import now raises ImportError
+    with pytest.raises(ReportError, match="needs matplotlib"):
+        write_report(run)
+
+
+def test_report_module_does_not_import_torch_or_pyplot():
+    code = (
+        "import sys, vgrpo_platform.report; "
+        "assert not {'torch', 'matplotlib', 'matplotlib.pyplot'} & set(sys.modules), sorted(sys.modules)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ------------------------------------------------------------------------------------------- CLI
+def invoke(*args):
+    return CliRunner().invoke(cli.app, [str(a) for a in args], env={"COLUMNS": "200", "VGRPO_DEBUG": ""})
+
+
+def assert_user_error(result, fragment):
+    assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], result.stderr
+    assert result.stdout == ""
+
+
+def test_cli_report_writes_and_prints_the_index(tmp_path, report):
+    # reporting again (here: a copy of an already-reported run) drops grid copies that are gone
+    run = make_run(tmp_path)
+    shutil.copytree(report[0] / "report", run / "report")
+    (run / "samples" / "eval_000002.png").unlink()
+    result = invoke("report", run)
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert result.stdout.strip() == str(run / "report" / "index.html")
+    assert "eval_000002.png" not in (run / "report" / "index.html").read_text()
+    copies = sorted(p.name for p in (run / "report" / "samples").iterdir())
+    assert copies == ["eval_000000.png", "eval_000004.png"]
+    assert "was incomplete" not in (run / "report" / "index.html").read_text()  # this run's metrics are whole
+
+
+def test_cli_report_errors_exit_2_with_one_line(tmp_path):
+    assert_user_error(invoke("report", tmp_path / "nope"), "run directory")
+    empty_dir = tmp_path / "empty"
+    empty_dir.mkdir()
+    assert_user_error(invoke("report", empty_dir), "metrics.jsonl not found")
+    (empty_dir / "metrics.jsonl").write_text("")
+    assert_user_error(invoke("report", empty_dir), "is empty")
+    (empty_dir / "metrics.jsonl").write_text('garbage\n{"kind": "eval", "iteration": 0}\n')
+    assert_user_error(invoke("report", empty_dir), "metrics.jsonl:1: not valid JSON")

@@ -1,0 +1,115 @@
+"""Checkpoints that a crash cannot half-write: a temp folder renamed into place, the last K kept.
+
+Layout of ``RUN/checkpoints/iter_000010/``: ``trainable.safetensors`` (the trained weights by name),
+``optimizer.pt`` (optimizer and LR-schedule state, loaded with ``weights_only=True``),
+``rng.safetensors`` (every generator's state) and ``state.json`` (iteration, prompt position,
+recipe fingerprint). Nothing is ever unpickled beyond tensors and plain containers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from vgrpo_platform.errors import CheckpointError
+
+PREFIX = "iter_"
+FILES = ("trainable.safetensors", "optimizer.pt", "rng.safetensors", "state.json")
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    weights: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+    rng: dict[str, torch.Tensor]
+    state: dict[str, Any]
+
+
+def checkpoint_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def save_checkpoint(
+    run_dir: Path,
+    iteration: int,
+    *,
+    weights: dict[str, torch.Tensor],
+    optimizer: dict[str, Any],
+    rng: dict[str, torch.Tensor],
+    state: dict[str, Any],
+    keep_last: int,
+) -> Path:
+    """Write checkpoint ``iteration`` atomically and delete all but the newest ``keep_last``."""
+    root = checkpoint_dir(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"{PREFIX}{iteration:06d}"
+    tmp = root / f".tmp_{PREFIX}{iteration:06d}_{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    save_file(
+        {k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(tmp / "trainable.safetensors")
+    )
+    torch.save(optimizer, tmp / "optimizer.pt")
+    save_file({k: v.contiguous() for k, v in rng.items()}, str(tmp / "rng.safetensors"))
+    (tmp / "state.json").write_text(json.dumps({**state, "iteration": iteration}, indent=1))
+    _fsync_dir(tmp)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_dir(root)
+    for old in list_checkpoints(run_dir)[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _fsync_dir(path: Path) -> None:
+    for f in [*path.iterdir(), path] if path.is_dir() else [path]:
+        if f.is_file() or f == path:
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoint folders, oldest first (temp folders of an interrupted write are skipped)."""
+    root = checkpoint_dir(run_dir)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX)]
+    return sorted((p for p in found if all((p / f).is_file() for f in FILES)), key=lambda p: p.name)
+
+
+def load_checkpoint(path: Path) -> Checkpoint:
+    """Read one checkpoint folder; a damaged file is a CheckpointError naming it."""
+    path = Path(path)
+    try:
+        weights = load_file(str(path / "trainable.safetensors"))
+        rng = load_file(str(path / "rng.safetensors"))
+        optimizer = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
+        state = json.loads((path / "state.json").read_text())
+    except Exception as exc:  # safetensors, pickle and json each raise their own types
+        raise CheckpointError(
+            f"checkpoint {path} is unreadable ({type(exc).__name__}: {exc}); "
+            "delete it to resume from an older one"
+        ) from exc
+    return Checkpoint(path=path, weights=weights, optimizer=optimizer, rng=rng, state=state)
+
+
+def latest_valid_checkpoint(run_dir: Path) -> Checkpoint | None:
+    """The newest checkpoint that loads; damaged newer ones are skipped, never deleted."""
+    for path in reversed(list_checkpoints(run_dir)):
+        try:
+            return load_checkpoint(path)
+        except CheckpointError:
+            continue
+    return None

@@ -1,0 +1,93 @@
+"""What is trained: LoRA adapters (peft) or the full denoiser, and how to see the frozen reference.
+
+Works on any ``torch.nn.Module`` denoiser, diffusers model or not: LoRA goes in through
+``peft.inject_adapter_in_model`` and the reference policy is the same module with every peft layer
+switched off, so no second copy of a large model is held. Full fine-tuning keeps one frozen copy of
+the initial weights (on CPU) and swaps it in only while the reference is evaluated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import torch
+
+_REFERENCE_STATE = "_vgrpo_reference_state"
+
+
+def attach_lora(
+    denoiser: torch.nn.Module, *, rank: int, alpha: float, target_modules: Sequence[str]
+) -> list[torch.nn.Parameter]:
+    """Freeze ``denoiser``, add LoRA layers to ``target_modules`` and return the new trainable params.
+
+    LoRA's B matrices start at zero, so the policy starts exactly at the base model.
+    """
+    from peft import LoraConfig, inject_adapter_in_model
+
+    denoiser.requires_grad_(False)
+    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(target_modules), lora_dropout=0.0)
+    inject_adapter_in_model(config, denoiser)
+    params = [p for n, p in denoiser.named_parameters() if "lora_" in n]
+    if not params:
+        raise ValueError(
+            f"LoRA matched no module of {type(denoiser).__name__} for targets {list(target_modules)}"
+        )
+    for p in params:
+        p.requires_grad_(True)
+    return params
+
+
+def enable_full_finetune(denoiser: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """Train every weight; keep a CPU copy of the initial ones as the frozen reference."""
+    denoiser.requires_grad_(True)
+    setattr(
+        denoiser,
+        _REFERENCE_STATE,
+        {n: p.detach().to("cpu", copy=True) for n, p in denoiser.named_parameters()},
+    )
+    return list(denoiser.parameters())
+
+
+def trainable_named_parameters(denoiser: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    """The parameters the optimiser updates, by their stable names (used in checkpoints)."""
+    return {n: p for n, p in denoiser.named_parameters() if p.requires_grad}
+
+
+def uses_lora(denoiser: torch.nn.Module) -> bool:
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    return any(isinstance(m, BaseTunerLayer) for m in denoiser.modules())
+
+
+@contextmanager
+def reference_mode(adapter) -> Iterator[None]:  # noqa: ANN001 - any protocols.Adapter
+    """Inside this context ``adapter.predict`` evaluates the frozen base (reference) model."""
+    denoiser = adapter.denoiser
+    if uses_lora(denoiser):
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        layers = [m for m in denoiser.modules() if isinstance(m, BaseTunerLayer)]
+        for layer in layers:
+            layer.enable_adapters(False)
+        try:
+            yield
+        finally:
+            for layer in layers:
+                layer.enable_adapters(True)
+        return
+    reference = getattr(denoiser, _REFERENCE_STATE, None)
+    if reference is None:
+        yield  # nothing trained yet: the current weights are the reference
+        return
+    params = dict(denoiser.named_parameters())
+    current = {n: p.detach().clone() for n, p in params.items()}
+    with torch.no_grad():
+        for n, p in params.items():
+            p.copy_(reference[n])
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for n, p in params.items():
+                p.copy_(current[n])

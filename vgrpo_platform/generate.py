@@ -1,0 +1,97 @@
+"""``vgrpo sample``: generate files from the base model or a trained checkpoint."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from vgrpo_platform.checkpoint import latest_valid_checkpoint, load_checkpoint
+from vgrpo_platform.errors import CheckpointError
+from vgrpo_platform.protocols import BuildContext, SamplerSpec, Samples
+from vgrpo_platform.rollout import generate
+from vgrpo_platform.session import build_session, resolve_device, run_dir_of
+
+
+def _resolve_checkpoint(checkpoint: str | Path | None, run_dir: Path):  # noqa: ANN202
+    if checkpoint is None:
+        return None
+    path = Path(checkpoint)
+    if (path / "checkpoints").is_dir():  # a run directory: take its newest valid checkpoint
+        found = latest_valid_checkpoint(path)
+        if found is None:
+            raise CheckpointError(f"run directory {path} holds no complete checkpoint; train it first")
+        return found
+    if not path.is_dir():
+        raise CheckpointError(
+            f"checkpoint {path} does not exist; pass a run directory or a checkpoints/iter_* folder"
+        )
+    return load_checkpoint(path)
+
+
+@torch.no_grad()
+def sample_to_folder(
+    resolved,  # noqa: ANN001 - recipe.ResolvedRecipe
+    *,
+    out_dir: str | Path,
+    checkpoint: str | Path | None = None,
+    prompts: Sequence[str] | None = None,
+    num_per_prompt: int = 1,
+    seed: int = 0,
+) -> list[Path]:
+    """Write ``num_per_prompt`` samples for each prompt (the recipe's eval prompts by default)."""
+    recipe = resolved.recipe
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    device = resolve_device(recipe.run.device)
+    context = BuildContext(device=device, seed=recipe.run.seed, run_dir=out, recipe_dir=resolved.recipe_dir)
+    session = build_session(resolved, context)
+    ckpt = _resolve_checkpoint(checkpoint, run_dir_of(recipe))
+    if ckpt is not None:
+        missing = set(session.trainable) - set(ckpt.weights)
+        if missing:
+            raise CheckpointError(
+                f"checkpoint {ckpt.path} does not fit this recipe's model ({len(missing)} weights missing); "
+                "use the recipe the run was trained with"
+            )
+        for name, p in session.trainable.items():
+            p.copy_(ckpt.weights[name].to(p.device, p.dtype))
+    session.adapter.denoiser.eval()
+    if not prompts:
+        prompts = (resolved.eval_prompts or resolved.train_prompts)[: recipe.eval.max_prompts]
+    sampler = SamplerSpec(
+        recipe.eval.sampler or recipe.rollout.sampler, recipe.eval.steps or recipe.rollout.steps
+    )
+    group_ids, _, _, _, samples = generate(
+        session.adapter,
+        list(prompts),
+        group_size=num_per_prompt,
+        sampler=sampler,
+        generator=torch.Generator().manual_seed(seed),
+        chunk_size=recipe.train.micro_batch_size,
+        device=device,
+    )
+    written = write_samples(samples, out, [prompts[int(g)] for g in group_ids])
+    index = [{"file": p.name, "prompt": prompts[int(g)]} for p, g in zip(written, group_ids, strict=True)]
+    (out / "index.jsonl").write_text("".join(json.dumps(r) + "\n" for r in index))
+    return written
+
+
+def write_samples(samples: Samples, out: Path, prompts: Sequence[str]) -> list[Path]:
+    """One file per sample in its modality's usual format."""
+    from PIL import Image
+
+    paths = []
+    data = samples.data.detach().float().cpu()
+    for i in range(len(samples)):
+        if samples.modality == "image":
+            path = out / f"{i:05d}.png"
+            array = (data[i].clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+            Image.fromarray(array).save(path)
+        else:
+            path = out / f"{i:05d}.pt"
+            torch.save(data[i], path)
+        paths.append(path)
+    return paths

@@ -1,0 +1,78 @@
+"""Run output for machines and people: ``metrics.jsonl`` and a progress display (rank 0 only)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+class MetricsWriter:
+    """Appends one JSON object per line. On resume, lines after the checkpoint are dropped first,
+    so an interrupted-and-resumed run's file equals an uninterrupted run's."""
+
+    def __init__(self, path: Path, *, resume_after: int | None = None) -> None:
+        self.path = Path(path)
+        if resume_after is None:
+            self.path.write_text("")
+        elif self.path.exists():
+            kept = [line for line in self.path.read_text().splitlines() if _iteration(line) <= resume_after]
+            self.path.write_text("".join(line + "\n" for line in kept))
+
+    def write(self, record: dict[str, Any]) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def _iteration(line: str) -> int:
+    try:
+        return int(json.loads(line).get("iteration", 0))
+    except (ValueError, AttributeError):
+        return 1 << 60  # a torn last line from a killed run is dropped
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+class Progress:
+    """A rich progress bar on a terminal, plain lines elsewhere, or nothing."""
+
+    def __init__(self, mode: str, total: int, start: int = 0) -> None:
+        if mode == "auto":
+            mode = "rich" if sys.stdout.isatty() else "plain"
+        self.mode, self.total = mode, total
+        self._bar = None
+        if mode == "rich":
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+            from rich.progress import Progress as RichProgress
+
+            self._bar = RichProgress(
+                TextColumn("[bold]V-GRPO"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[info]}"),
+            )
+            self._task = self._bar.add_task("train", total=total, completed=start, info="")
+            self._bar.start()
+        self._t0 = time.perf_counter()
+
+    def update(self, iteration: int, info: dict[str, float]) -> None:
+        text = "  ".join(f"{k} {v:.4g}" for k, v in info.items())
+        if self._bar is not None:
+            self._bar.update(self._task, completed=iteration, info=text)
+        elif self.mode == "plain":
+            print(f"[{iteration}/{self.total}] {text}", flush=True)
+
+    def message(self, text: str) -> None:
+        if self._bar is not None:
+            self._bar.console.print(text)
+        elif self.mode != "none":
+            print(text, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()

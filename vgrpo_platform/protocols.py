@@ -1,0 +1,177 @@
+"""The contracts between the core and its plugins, with the tensor shapes they exchange.
+
+Shapes use ``B`` for the number of samples in a batch (prompts x group size), ``K`` for the number
+of Monte-Carlo ``(t, eps)`` pairs (``n_mc``) and ``*L`` for one sample's latent shape as the adapter
+declares it (``[C, H, W]`` for images, ``[C, F, H, W]`` for video, ``[C, T]`` for audio...).
+Time ``t`` is always the continuous noise level in ``[0, 1]`` (0 = clean data, 1 = pure noise);
+adapters convert it to whatever their network expects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:  # the entry modules of plugins import this file: keep torch out of import time
+    import torch
+
+Conditioning = dict[str, "torch.Tensor"]
+"""Prompt conditioning: every tensor batch-first ``[B, ...]`` so the core can index and repeat it."""
+
+
+@dataclass
+class Samples:
+    """Decoded outputs in their modality, what rewards see.
+
+    image: ``data`` ``[B, 3, H, W]`` float in ``[0, 1]``; video: ``[B, F, 3, H, W]`` in ``[0, 1]``;
+    audio: ``[B, channels, samples]`` in ``[-1, 1]`` with ``sample_rate`` set.
+    """
+
+    modality: str
+    data: torch.Tensor
+    sample_rate: int | None = None
+    fps: float | None = None
+
+    def __len__(self) -> int:
+        return int(self.data.shape[0])
+
+
+@dataclass(frozen=True)
+class SamplerSpec:
+    """Which ODE solver a rollout uses: any works, V-GRPO needs no per-step log-probs."""
+
+    name: str = "euler"  # "euler" | "dpmsolver++" | "unipc"
+    steps: int = 10
+
+
+@runtime_checkable
+class NoiseSchedule(Protocol):
+    """The forward process ``z_t = a(t) x + b(t) eps`` and the model's parameterisation."""
+
+    def noise(self, x0: torch.Tensor, eps: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """``z_t`` from clean ``x0`` ``[B, *L]``, noise ``eps`` ``[B, *L]`` and ``t`` ``[B]``."""
+        ...
+
+    def predict_x0(self, z_t: torch.Tensor, model_output: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """The network's estimate of the clean sample (x-space), same shape as ``z_t``."""
+        ...
+
+    def warp(self, u: torch.Tensor) -> torch.Tensor:
+        """Map uniform ``u`` in ``[0, 1]`` to the model's (shifted) timestep grid."""
+        ...
+
+
+@runtime_checkable
+class Adapter(Protocol):
+    """A generator the core can roll out and train, whatever its modality or family."""
+
+    modality: str
+    denoiser: torch.nn.Module
+    """The network whose weights are trained (LoRA is attached to it by the core)."""
+    lora_target_modules: Sequence[str]
+    """Default module names (or regex) LoRA wraps when the recipe names none."""
+    schedule: NoiseSchedule
+
+    def latent_shape(self) -> tuple[int, ...]:
+        """``*L``: the shape of one sample in the space the surrogate works in."""
+        ...
+
+    def encode_prompts(self, prompts: Sequence[str]) -> Conditioning:
+        """Conditioning for ``len(prompts)`` prompts, batch-first; no gradient."""
+        ...
+
+    def predict(self, z_t: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+        """Model output at ``z_t`` ``[B, *L]``, ``t`` ``[B]``; same shape as ``z_t``.
+
+        Differentiable with respect to ``denoiser``'s trainable parameters.
+        """
+        ...
+
+    def sample(self, noise: torch.Tensor, cond: Conditioning, sampler: SamplerSpec) -> torch.Tensor:
+        """Integrate from pure noise ``[B, *L]`` (t=1) to clean latents ``[B, *L]`` (t=0)."""
+        ...
+
+    def decode(self, latents: torch.Tensor) -> Samples:
+        """Turn clean latents ``[B, *L]`` into the modality's samples (the reward's input)."""
+        ...
+
+
+@runtime_checkable
+class Reward(Protocol):
+    """A batched scorer. Higher is better.
+
+    ``score`` returns ``[B]`` floats, or a mapping whose ``"score"`` entry is that tensor and whose
+    other entries are ``[B]`` diagnostics (per-criterion scores) that are logged but not optimised.
+    """
+
+    modalities: frozenset[str]
+
+    def score(
+        self, samples: Samples, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]]
+    ) -> torch.Tensor | Mapping[str, torch.Tensor]: ...
+
+
+@dataclass
+class RolloutBatch:
+    """One iteration's rollouts, everything the update needs. All tensors batch-first ``[B, ...]``."""
+
+    prompts: list[str]
+    group_ids: torch.Tensor  # [B] long: samples of the same prompt share an id
+    cond: Conditioning  # [B, ...]
+    latents: torch.Tensor  # [B, *L] final clean samples o_i
+    rewards: torch.Tensor  # [B] weighted sum of the reward terms
+    reward_terms: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [B] raw scores
+    advantages: torch.Tensor | None = None  # [B]
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)  # surrogate-owned, [B, ...]
+
+    def __len__(self) -> int:
+        return int(self.latents.shape[0])
+
+    def select(self, index: torch.Tensor) -> RolloutBatch:
+        """The sub-batch at ``index`` (a micro-batch), tensors indexed along dim 0."""
+        idx = index.tolist()
+        return RolloutBatch(
+            prompts=[self.prompts[i] for i in idx],
+            group_ids=self.group_ids[index],
+            cond={k: v[index] for k, v in self.cond.items()},
+            latents=self.latents[index],
+            rewards=self.rewards[index],
+            reward_terms={k: v[index] for k, v in self.reward_terms.items()},
+            advantages=None if self.advantages is None else self.advantages[index],
+            extras={k: v[index] for k, v in self.extras.items()},
+        )
+
+
+@runtime_checkable
+class Surrogate(Protocol):
+    """A stand-in for ``log pi_theta(o | c)`` and the policy loss built on it."""
+
+    def prepare(self, batch: RolloutBatch, adapter: Adapter, generator: torch.Generator) -> None:
+        """At rollout time, without gradient: draw what the loss needs and store the old policy's
+        statistics in ``batch.extras`` (batch-first, so micro-batching slices them)."""
+        ...
+
+    def loss(self, batch: RolloutBatch, adapter: Adapter) -> tuple[torch.Tensor, dict[str, float]]:
+        """Scalar loss to minimise, the mean over the (micro-)batch's samples, and metrics."""
+        ...
+
+
+class ReferencePolicy(Protocol):
+    """How the core evaluates the frozen reference: a context in which ``adapter.predict`` is the
+    base model (LoRA disabled, or a frozen copy for full fine-tuning)."""
+
+    def __call__(self) -> AbstractContextManager[None]: ...
+
+
+@dataclass
+class BuildContext:
+    """What a plugin factory may need from the host besides its own config."""
+
+    device: Any = "cpu"  # torch.device or str
+    dtype: Any = None  # torch.dtype for weights; None = float32
+    seed: int = 0
+    run_dir: Any = None  # pathlib.Path of the run, or None
+    recipe_dir: Any = None  # pathlib.Path of the recipe file, to resolve relative paths
+    extra: dict[str, Any] = field(default_factory=dict)

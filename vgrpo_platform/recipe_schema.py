@@ -1,0 +1,106 @@
+"""The recipe's tables as pydantic models: every key a user can write, with its default.
+
+Platform tables forbid unknown keys. ``[adapter.options]``, ``[surrogate.options]`` and each
+``[[rewards]].options`` are free-form here and validated by the owning plugin's own ``Config``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RunSection(Section):
+    name: str = "run"
+    output_dir: str = "runs"  # the run directory is output_dir/name (relative to the working dir)
+    seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+
+
+class ComponentRef(Section):
+    name: str
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class RewardRef(ComponentRef):
+    weight: float = 1.0
+
+
+class SurrogateRef(ComponentRef):
+    name: str = "vgrpo"
+
+
+class PromptsSection(Section):
+    train: list[str] = Field(default_factory=list)  # inline prompts
+    train_file: str | None = None  # .txt (one per line) or .jsonl ({"prompt": ...}); relative to the recipe
+    eval: list[str] = Field(default_factory=list)  # held-out prompts; empty = first train prompts
+    eval_file: str | None = None
+    shuffle: bool = True
+
+
+class RolloutSection(Section):
+    group_size: int = Field(8, ge=2)  # G samples per prompt
+    prompts_per_iteration: int = Field(4, ge=1)
+    sampler: Literal["euler", "dpmsolver++", "unipc"] = "euler"
+    steps: int = Field(10, ge=1)
+
+
+class GRPOSection(Section):
+    std: Literal["group", "global", "none"] = "group"  # which std normalises advantages
+    eps: float = 1e-4
+    reward_aggregation: Literal["normalize_then_sum", "weighted_sum"] = "normalize_then_sum"
+    soft_clip_eta: float | None = None  # A <- eta * tanh(A / eta); None = off
+
+
+class TrainSection(Section):
+    iterations: int = Field(100, ge=1)
+    gradient_steps_per_iteration: int = Field(1, ge=1)  # >1 re-uses a rollout (off-policy, ratio clip)
+    micro_batch_size: int = Field(8, ge=1)
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = 1e-8
+    warmup_steps: int = Field(0, ge=0)
+    grad_clip: float | None = 1.0
+    finetune: Literal["lora", "full"] = "lora"
+    lora_rank: int = Field(8, ge=1)
+    lora_alpha: float = 16.0
+    lora_targets: list[str] | None = None  # None = the adapter's defaults
+    gradient_checkpointing: bool = False
+
+
+class EvalSection(Section):
+    every: int = Field(10, ge=0)  # iterations between evaluations; 0 = only before and after
+    samples_per_prompt: int = Field(2, ge=1)
+    max_prompts: int = Field(16, ge=1)
+    seed: int = 1234
+    sampler: Literal["euler", "dpmsolver++", "unipc"] | None = None  # None = the rollout's
+    steps: int | None = None
+
+
+class LogSection(Section):
+    progress: Literal["auto", "rich", "plain", "none"] = "auto"
+    checkpoint_every: int = Field(10, ge=0)  # iterations; 0 = only at the end
+    keep_last: int = Field(3, ge=1)
+    save_grids: bool = True
+
+
+class Recipe(Section):
+    """A whole experiment."""
+
+    run: RunSection = Field(default_factory=RunSection)
+    adapter: ComponentRef
+    rewards: list[RewardRef] = Field(min_length=1)
+    surrogate: SurrogateRef = Field(default_factory=SurrogateRef)
+    prompts: PromptsSection = Field(default_factory=PromptsSection)
+    rollout: RolloutSection = Field(default_factory=RolloutSection)
+    grpo: GRPOSection = Field(default_factory=GRPOSection)
+    train: TrainSection = Field(default_factory=TrainSection)
+    eval: EvalSection = Field(default_factory=EvalSection)
+    log: LogSection = Field(default_factory=LogSection)

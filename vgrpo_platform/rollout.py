@@ -1,0 +1,54 @@
+"""Rollouts: G samples per prompt from the current policy, with any ODE sampler, then their rewards."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from vgrpo_platform.protocols import Adapter, Conditioning, SamplerSpec, Samples
+
+
+def repeat_conditioning(cond: Conditioning, index: torch.Tensor) -> Conditioning:
+    """Row ``index[i]`` of every conditioning tensor: how one prompt's encoding serves its whole group."""
+    return {k: v[index.to(v.device)] for k, v in cond.items()}
+
+
+def concat_samples(parts: Sequence[Samples]) -> Samples:
+    first = parts[0]
+    return Samples(
+        modality=first.modality,
+        data=torch.cat([p.data for p in parts]),
+        sample_rate=first.sample_rate,
+        fps=first.fps,
+    )
+
+
+@torch.no_grad()
+def generate(
+    adapter: Adapter,
+    prompts: Sequence[str],
+    *,
+    group_size: int,
+    sampler: SamplerSpec,
+    generator: torch.Generator,
+    chunk_size: int,
+    device: torch.device | str,
+) -> tuple[torch.Tensor, Conditioning, torch.Tensor, torch.Tensor, Samples]:
+    """Sample ``group_size`` outputs for each prompt.
+
+    Returns ``(group_ids [B], cond [B, ...], noise [B, *L], latents [B, *L], samples)`` with
+    ``B = len(prompts) * group_size``; samples of one prompt are contiguous. Noise is drawn on the
+    CPU generator so a seed gives the same rollout on any device.
+    """
+    group_ids = torch.arange(len(prompts)).repeat_interleave(group_size)  # [B]
+    cond = repeat_conditioning(adapter.encode_prompts(list(prompts)), group_ids)
+    shape = (len(group_ids), *adapter.latent_shape())
+    noise = torch.randn(shape, generator=generator).to(device)  # [B, *L]
+    latents, decoded = [], []
+    for start in range(0, len(group_ids), chunk_size):
+        part = slice(start, start + chunk_size)
+        x0 = adapter.sample(noise[part], {k: v[part] for k, v in cond.items()}, sampler)
+        latents.append(x0)
+        decoded.append(adapter.decode(x0))
+    return group_ids, cond, noise, torch.cat(latents), concat_samples(decoded)

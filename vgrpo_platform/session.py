@@ -1,0 +1,75 @@
+"""Turning a validated recipe into live objects: device, adapter, what is trained, rewards, surrogate.
+
+Shared by ``vgrpo run`` and ``vgrpo sample`` so both see the policy the same way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from vgrpo_platform import finetune
+from vgrpo_platform.protocols import Adapter, BuildContext, Surrogate
+from vgrpo_platform.recipe_schema import Recipe, TrainSection
+from vgrpo_platform.scoring import WeightedReward
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        from vgrpo_platform.errors import RecipeError
+
+        raise RecipeError("run.device = 'cuda' but no CUDA device is visible; use 'auto' or 'cpu'")
+    return torch.device(name)
+
+
+def run_dir_of(recipe: Recipe) -> Path:
+    return Path(recipe.run.output_dir) / recipe.run.name
+
+
+@dataclass
+class Session:
+    adapter: Adapter
+    trainable: dict[str, torch.nn.Parameter]  # name -> parameter the optimiser updates
+    rewards: list[WeightedReward]
+    surrogate: Surrogate
+    context: BuildContext
+
+
+def build_session(resolved, context: BuildContext) -> Session:  # noqa: ANN001 - recipe.ResolvedRecipe
+    """Build every component from the resolved recipe and make the policy trainable."""
+    adapter = resolved.adapter.spec.factory(resolved.adapter.config, context)
+    trainable = make_trainable(adapter, resolved.recipe.train)
+    rewards = [WeightedReward(r.key, r.spec.factory(r.config, context), r.weight) for r in resolved.rewards]
+    surrogate = resolved.surrogate.spec.factory(resolved.surrogate.config, context)
+    return Session(
+        adapter=adapter, trainable=trainable, rewards=rewards, surrogate=surrogate, context=context
+    )
+
+
+def make_trainable(adapter: Adapter, train: TrainSection) -> dict[str, torch.nn.Parameter]:
+    denoiser = adapter.denoiser
+    if train.gradient_checkpointing and hasattr(denoiser, "enable_gradient_checkpointing"):
+        denoiser.enable_gradient_checkpointing()
+    if train.finetune == "lora":
+        targets = train.lora_targets or list(adapter.lora_target_modules)
+        finetune.attach_lora(denoiser, rank=train.lora_rank, alpha=train.lora_alpha, target_modules=targets)
+    else:
+        finetune.enable_full_finetune(denoiser)
+    denoiser.train()
+    return finetune.trainable_named_parameters(denoiser)
+
+
+def fingerprint(recipe: Recipe) -> str:
+    """What must match for a checkpoint's weights to fit this recipe's model."""
+    t = recipe.train
+    key = {
+        "adapter": recipe.adapter.model_dump(),
+        "finetune": [t.finetune, t.lora_rank, t.lora_alpha, t.lora_targets],
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -1,0 +1,368 @@
+"""The V-GRPO training loop, top to bottom: rollout, score, advantages, surrogate, update, log, checkpoint.
+
+How it departs from textbook GRPO (see docs/concepts.md):
+- The whole denoising chain is one action. Rollouts use any ODE sampler and record no per-step
+  log-probs; the policy likelihood is the surrogate's business (``-L_hat`` for V-GRPO), computed on
+  the final clean samples with ``(t, eps)`` pairs drawn once per iteration at rollout time.
+- The old policy is never copied: its surrogate values (and, for the KL, its predictions) are stored
+  with the rollout, before the first gradient step of the iteration.
+- An iteration's batch is split into ``train.gradient_steps_per_iteration`` mini-batches, one
+  optimiser step each; with one step the update is fully on-policy (ratio exactly 1).
+- Each mini-batch is accumulated over micro-batches weighted by their size, so the gradient equals
+  the full mini-batch's whatever ``micro_batch_size`` is.
+- Ctrl-C or SIGTERM finish the current iteration, save a checkpoint and exit; ``--resume`` continues
+  from the newest complete checkpoint with the same RNG and prompt-sampler state.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from vgrpo_platform.checkpoint import latest_valid_checkpoint, list_checkpoints, save_checkpoint
+from vgrpo_platform.errors import CheckpointError, RecipeError, VgrpoError
+from vgrpo_platform.grids import save_grid
+from vgrpo_platform.grpo import compute_advantages, zero_std_fraction
+from vgrpo_platform.metrics import MetricsWriter, Progress
+from vgrpo_platform.prompt_sampler import PromptSampler
+from vgrpo_platform.protocols import BuildContext, RolloutBatch, SamplerSpec
+from vgrpo_platform.recipe import save_resolved
+from vgrpo_platform.rollout import generate
+from vgrpo_platform.scoring import score_all
+from vgrpo_platform.session import Session, build_session, fingerprint, resolve_device, run_dir_of
+
+
+class _StopFlag:
+    """Set by SIGINT/SIGTERM; the loop stops cleanly at the end of the current iteration."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.signal_name = ""
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+        def handler(signum, frame):  # noqa: ANN001
+            if self.requested:  # second signal: stop now, the last checkpoint stays valid
+                raise KeyboardInterrupt
+            self.requested, self.signal_name = True, signal.Signals(signum).name
+
+        try:
+            for s in previous:
+                signal.signal(s, handler)
+        except ValueError:  # not the main thread: leave signals alone
+            yield
+            return
+        try:
+            yield
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+
+
+class Trainer:
+    """Holds one run's state; ``run()`` is the loop."""
+
+    def __init__(self, resolved, *, resume: bool = False) -> None:  # noqa: ANN001 - recipe.ResolvedRecipe
+        from accelerate import Accelerator
+
+        self.resolved = resolved
+        self.recipe = recipe = resolved.recipe
+        self.run_dir = run_dir_of(recipe)
+        device = resolve_device(recipe.run.device)
+        self.accelerator = Accelerator(cpu=device.type == "cpu", mixed_precision=recipe.run.mixed_precision)
+        self.device = self.accelerator.device
+        self._check_run_dir(resume)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        torch.manual_seed(recipe.run.seed)
+        context = BuildContext(
+            device=self.device, seed=recipe.run.seed, run_dir=self.run_dir, recipe_dir=resolved.recipe_dir
+        )
+        self.session: Session = build_session(resolved, context)
+        t = recipe.train
+        self.params = list(self.session.trainable.values())
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=t.lr, betas=t.adam_betas, eps=t.adam_eps, weight_decay=t.weight_decay
+        )
+        warmup = t.warmup_steps
+        self.lr_schedule = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
+        )
+        train_prompts, eval_prompts = resolved.train_prompts, resolved.eval_prompts
+        self.eval_prompts = (eval_prompts or train_prompts)[: recipe.eval.max_prompts]
+        self.prompts = PromptSampler(train_prompts, seed=recipe.run.seed, shuffle=recipe.prompts.shuffle)
+        seed = recipe.run.seed
+        self.rollout_rng = torch.Generator().manual_seed(seed)
+        self.surrogate_rng = torch.Generator().manual_seed(seed + 1)
+        self.shuffle_rng = torch.Generator().manual_seed(seed + 2)
+        self.start_iteration = 0
+        self.elapsed = 0.0  # seconds of training before this process (resumed runs)
+        if resume:
+            self._restore()
+        if self.accelerator.is_main_process:
+            save_resolved(resolved, self.run_dir)
+        self.metrics = MetricsWriter(
+            self.run_dir / "metrics.jsonl", resume_after=self.start_iteration if resume else None
+        )
+
+    # ----------------------------------------------------------------------------------------- loop
+    def run(self) -> Path:
+        recipe = self.recipe
+        total = recipe.train.iterations
+        progress = Progress(recipe.log.progress, total, start=self.start_iteration)
+        stop = _StopFlag()
+        t_start = time.perf_counter() - self.elapsed
+        try:
+            with stop.installed():
+                if self.start_iteration == 0:
+                    before = self.evaluate(0, wall=0.0)
+                    progress.message(f"eval @0: reward {before:.4f}")
+                iteration = self.start_iteration
+                for iteration in range(self.start_iteration + 1, total + 1):
+                    record = self.iterate(iteration)
+                    record["wall_seconds"] = time.perf_counter() - t_start
+                    self.metrics.write(record)
+                    progress.update(iteration, _headline(record))
+                    last = iteration == total
+                    if recipe.eval.every and iteration % recipe.eval.every == 0 or last:
+                        score = self.evaluate(iteration, wall=record["wall_seconds"])
+                        progress.message(f"eval @{iteration}: reward {score:.4f}")
+                    every = recipe.log.checkpoint_every
+                    if last or stop.requested or (every and iteration % every == 0):
+                        self.save(iteration, time.perf_counter() - t_start)
+                    if stop.requested:
+                        progress.message(
+                            f"{stop.signal_name}: saved iteration {iteration}; continue with --resume"
+                        )
+                        raise KeyboardInterrupt
+        finally:
+            progress.close()
+        self._summary(progress)
+        return self.run_dir
+
+    def iterate(self, iteration: int) -> dict[str, float]:
+        """One V-GRPO iteration; returns its metrics record."""
+        recipe, session = self.recipe, self.session
+        adapter = session.adapter
+        t0 = time.perf_counter()
+        prompts = self.prompts.next(recipe.rollout.prompts_per_iteration)
+        sampler = SamplerSpec(recipe.rollout.sampler, recipe.rollout.steps)
+        group_ids, cond, _, latents, samples = generate(
+            adapter,
+            prompts,
+            group_size=recipe.rollout.group_size,
+            sampler=sampler,
+            generator=self.rollout_rng,
+            chunk_size=recipe.train.micro_batch_size,
+            device=self.device,
+        )
+        t1 = time.perf_counter()
+        flat_prompts = [prompts[int(g)] for g in group_ids]
+        terms, details = score_all(session.rewards, samples, flat_prompts, step=iteration)
+        weights = {r.key: r.weight for r in session.rewards}
+        g = recipe.grpo
+        advantages, total_reward = compute_advantages(
+            terms,
+            weights,
+            group_ids,
+            std=g.std,
+            eps=g.eps,
+            aggregation=g.reward_aggregation,
+            soft_clip_eta=g.soft_clip_eta,
+        )
+        t2 = time.perf_counter()
+        batch = RolloutBatch(
+            prompts=flat_prompts,
+            group_ids=group_ids.to(self.device),
+            cond=cond,
+            latents=latents,
+            rewards=total_reward.to(self.device),
+            reward_terms={k: v.to(self.device) for k, v in terms.items()},
+            advantages=advantages.to(self.device),
+        )
+        with self.accelerator.autocast():
+            session.surrogate.prepare(batch, adapter, self.surrogate_rng)
+        update = self.update(batch)
+        t3 = time.perf_counter()
+        record: dict[str, float] = {"kind": "train", "iteration": iteration, "epoch": self.prompts.epoch}
+        record["reward"] = total_reward.mean().item()
+        for key, value in terms.items():
+            record[f"reward/{key}"] = value.mean().item()
+            record[f"reward_std/{key}"] = value.std(unbiased=False).item()
+        for key, value in details.items():
+            record[f"detail/{key}"] = value.mean().item()
+        record["advantage_mean"] = advantages.mean().item()
+        record["advantage_std"] = advantages.std(unbiased=False).item()
+        record["advantage_abs_max"] = advantages.abs().max().item()
+        record["zero_std_fraction"] = zero_std_fraction(total_reward, group_ids)
+        record.update(update)
+        record["lr"] = self.optimizer.param_groups[0]["lr"]
+        record.update(time_rollout=t1 - t0, time_reward=t2 - t1, time_train=t3 - t2, time_iteration=t3 - t0)
+        return record
+
+    def update(self, batch: RolloutBatch) -> dict[str, float]:
+        """``gradient_steps_per_iteration`` optimiser steps over the batch, micro-batched."""
+        t = self.recipe.train
+        n = len(batch)
+        steps = min(t.gradient_steps_per_iteration, n)
+        order = torch.randperm(n, generator=self.shuffle_rng) if steps > 1 else torch.arange(n)
+        sums: dict[str, float] = {}
+        extremes: dict[str, float] = {}
+        grad_norms = []
+        for minibatch in order.tensor_split(steps):
+            self.optimizer.zero_grad(set_to_none=True)
+            for micro in minibatch.split(t.micro_batch_size):
+                part = batch.select(micro.to(batch.latents.device))
+                with self.accelerator.autocast():
+                    loss, metrics = self.session.surrogate.loss(part, self.session.adapter)
+                if not torch.isfinite(loss):
+                    raise VgrpoError(
+                        f"the loss became {loss.item()} (prompt {part.prompts[0]!r}); lower train.lr or "
+                        "enable train.grad_clip, then resume from the last checkpoint with --resume"
+                    )
+                self.accelerator.backward(loss * (len(micro) / len(minibatch)))
+                share = len(micro) / n
+                metrics = {"loss": loss.item(), **metrics}
+                for key, value in metrics.items():
+                    if key.endswith("_max"):
+                        extremes[key] = max(extremes.get(key, -math.inf), value)
+                    elif key.endswith("_min"):
+                        extremes[key] = min(extremes.get(key, math.inf), value)
+                    else:
+                        sums[key] = sums.get(key, 0.0) + value * share
+            clip = t.grad_clip if t.grad_clip is not None else math.inf
+            grad_norms.append(float(self.accelerator.clip_grad_norm_(self.params, clip)))
+            self.optimizer.step()
+            self.lr_schedule.step()
+        return {**sums, **extremes, "grad_norm": sum(grad_norms) / len(grad_norms), "gradient_steps": steps}
+
+    # ------------------------------------------------------------------------------------- evaluation
+    @torch.no_grad()
+    def evaluate(self, iteration: int, *, wall: float) -> float:
+        """Held-out prompts, fixed seeds: the same noise every time, so curves compare like with like."""
+        recipe, session = self.recipe, self.session
+        e = recipe.eval
+        sampler = SamplerSpec(e.sampler or recipe.rollout.sampler, e.steps or recipe.rollout.steps)
+        group_ids, _, _, _, samples = generate(
+            session.adapter,
+            self.eval_prompts,
+            group_size=e.samples_per_prompt,
+            sampler=sampler,
+            generator=torch.Generator().manual_seed(e.seed),
+            chunk_size=recipe.train.micro_batch_size,
+            device=self.device,
+        )
+        flat_prompts = [self.eval_prompts[int(g)] for g in group_ids]
+        terms, details = score_all(session.rewards, samples, flat_prompts, step=iteration)
+        total = sum(r.weight * terms[r.key] for r in session.rewards)
+        record: dict[str, float] = {"kind": "eval", "iteration": iteration, "wall_seconds": wall}
+        record["reward"] = total.mean().item()
+        record.update({f"reward/{k}": v.mean().item() for k, v in terms.items()})
+        record.update({f"detail/{k}": v.mean().item() for k, v in details.items()})
+        if self.accelerator.is_main_process:
+            self.metrics.write(record)
+            if recipe.log.save_grids:
+                save_grid(
+                    samples,
+                    self.run_dir / "samples" / f"eval_{iteration:06d}.png",
+                    columns=e.samples_per_prompt,
+                )
+        return record["reward"]
+
+    # ------------------------------------------------------------------------------------ checkpoints
+    def save(self, iteration: int, elapsed: float) -> Path | None:
+        if not self.accelerator.is_main_process:
+            return None
+        rng = {
+            "rollout": self.rollout_rng.get_state(),
+            "surrogate": self.surrogate_rng.get_state(),
+            "shuffle": self.shuffle_rng.get_state(),
+            "torch": torch.get_rng_state(),
+        }
+        state = {
+            "fingerprint": fingerprint(self.recipe),
+            "prompt_sampler": self.prompts.state_dict(),
+            "elapsed_seconds": elapsed,
+        }
+        return save_checkpoint(
+            self.run_dir,
+            iteration,
+            weights={k: p.detach() for k, p in self.session.trainable.items()},
+            optimizer={
+                "optimizer": self.optimizer.state_dict(),
+                "lr_schedule": self.lr_schedule.state_dict(),
+            },
+            rng=rng,
+            state=state,
+            keep_last=self.recipe.log.keep_last,
+        )
+
+    def _restore(self) -> None:
+        ckpt = latest_valid_checkpoint(self.run_dir)
+        if ckpt is None:
+            raise CheckpointError(
+                f"--resume found no complete checkpoint in {self.run_dir / 'checkpoints'}; "
+                "run without --resume"
+            )
+        if ckpt.state.get("fingerprint") != fingerprint(self.recipe):
+            raise CheckpointError(
+                f"checkpoint {ckpt.path} was written for a different model or LoRA setup than this recipe; "
+                "resume with the recipe that started the run, or choose another run.name"
+            )
+        expected = {k: tuple(p.shape) for k, p in self.session.trainable.items()}
+        found = {k: tuple(v.shape) for k, v in ckpt.weights.items()}
+        if expected != found:
+            raise CheckpointError(
+                f"checkpoint {ckpt.path} holds weights that do not fit this recipe's model; "
+                "resume with the recipe that started the run"
+            )
+        with torch.no_grad():
+            for name, p in self.session.trainable.items():
+                p.copy_(ckpt.weights[name].to(p.device, p.dtype))
+        self.optimizer.load_state_dict(ckpt.optimizer["optimizer"])
+        self.lr_schedule.load_state_dict(ckpt.optimizer["lr_schedule"])
+        self.rollout_rng.set_state(ckpt.rng["rollout"])
+        self.surrogate_rng.set_state(ckpt.rng["surrogate"])
+        self.shuffle_rng.set_state(ckpt.rng["shuffle"])
+        torch.set_rng_state(ckpt.rng["torch"])
+        self.prompts.load_state_dict(ckpt.state["prompt_sampler"])
+        self.start_iteration = int(ckpt.state["iteration"])
+        self.elapsed = float(ckpt.state.get("elapsed_seconds", 0.0))
+
+    def _check_run_dir(self, resume: bool) -> None:
+        if not resume and list_checkpoints(self.run_dir):
+            raise RecipeError(
+                f"run directory {self.run_dir} already holds checkpoints; continue it with --resume, "
+                "or start a new run with --set run.name=<new name>"
+            )
+
+    def _summary(self, progress: Progress) -> None:
+        evals = [r for r in _read_jsonl(self.run_dir / "metrics.jsonl") if r.get("kind") == "eval"]
+        if len(evals) >= 2:
+            first, last = evals[0], evals[-1]
+            progress.message(
+                f"held-out reward: {first['reward']:.4f} at iteration {first['iteration']} -> "
+                f"{last['reward']:.4f} at iteration {last['iteration']}  (run dir: {self.run_dir})"
+            )
+
+
+def _headline(record: dict[str, float]) -> dict[str, float]:
+    keys = ("reward", "loss", "kl", "ratio_mean", "time_iteration")
+    return {k: record[k] for k in keys if k in record}
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run(resolved, *, resume: bool = False) -> Path:  # noqa: ANN001 - recipe.ResolvedRecipe
+    """Train the recipe to completion (or until interrupted); returns the run directory."""
+    return Trainer(resolved, resume=resume).run()
