@@ -76,7 +76,7 @@ def test_satisfies_protocol_and_shapes(adapter, cond) -> None:
 def test_lora_targets_exist_in_the_denoiser(adapter) -> None:
     names = [name for name, _ in adapter.denoiser.named_modules()]
     for target in adapter.lora_target_modules:
-        assert any(name.endswith("." + target) for name in names), target
+        assert any(name == target or name.endswith("." + target) for name in names), target
 
 
 def test_save_and_reload_gives_identical_predictions(adapter, cond, tmp_path) -> None:
