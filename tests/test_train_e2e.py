@@ -155,13 +155,14 @@ def test_a_new_run_refuses_to_overwrite_checkpoints_and_resume_needs_one(tmp_pat
         Trainer(toy(tmp_path, "once", "train.iterations=2", "train.lora_rank=4"), resume=True)
 
 
-def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path):
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys):
     run_dir = Trainer(
         toy(tmp_path, "dmg", "train.iterations=4", "eval.every=0", "log.checkpoint_every=2")
     ).run()
     newest = list_checkpoints(run_dir)[-1]
     (newest / "trainable.safetensors").write_bytes(b"not a safetensors file")
     trainer = Trainer(toy(tmp_path, "dmg", "train.iterations=4", "eval.every=0"), resume=True)
+    assert "skipping checkpoint" in capsys.readouterr().err
     assert trainer.start_iteration == 2
     assert newest.exists(), "a damaged checkpoint is skipped, never deleted"
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -105,11 +106,13 @@ def load_checkpoint(path: Path) -> Checkpoint:
     return Checkpoint(path=path, weights=weights, optimizer=optimizer, rng=rng, state=state)
 
 
-def latest_valid_checkpoint(run_dir: Path) -> Checkpoint | None:
-    """The newest checkpoint that loads; damaged newer ones are skipped, never deleted."""
+def latest_valid_checkpoint(run_dir: Path, on_skip: Callable[[str], None] | None = None) -> Checkpoint | None:
+    """The newest checkpoint that loads; damaged newer ones are skipped (``on_skip`` hears why), never
+    deleted, so nothing is lost if the damage was a passing I/O fault."""
     for path in reversed(list_checkpoints(run_dir)):
         try:
             return load_checkpoint(path)
-        except CheckpointError:
-            continue
+        except CheckpointError as exc:
+            if on_skip is not None:
+                on_skip(f"skipping {exc}")
     return None

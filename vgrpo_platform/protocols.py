@@ -65,7 +65,12 @@ class NoiseSchedule(Protocol):
 
 @runtime_checkable
 class Adapter(Protocol):
-    """A generator the core can roll out and train, whatever its modality or family."""
+    """A generator the core can roll out and train, whatever its modality or family.
+
+    Optional: ``export_trained(out_dir: pathlib.Path) -> None``. When present, the core calls it at
+    the end of a run to write the trained weights in the model family's own format (for example a
+    LoRA that diffusers' ``pipe.load_lora_weights()`` accepts) into ``RUN_DIR/final``.
+    """
 
     modality: str
     denoiser: torch.nn.Module

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -145,6 +146,9 @@ class Trainer:
                         raise KeyboardInterrupt
         finally:
             progress.close()
+        export = getattr(self.session.adapter, "export_trained", None)
+        if export is not None and self.accelerator.is_main_process:
+            export(self.run_dir / "final")
         self._summary(progress)
         return self.run_dir
 
@@ -306,7 +310,9 @@ class Trainer:
         )
 
     def _restore(self) -> None:
-        ckpt = latest_valid_checkpoint(self.run_dir)
+        ckpt = latest_valid_checkpoint(
+            self.run_dir, on_skip=lambda why: print(f"warning: {why}", file=sys.stderr)
+        )
         if ckpt is None:
             raise CheckpointError(
                 f"--resume found no complete checkpoint in {self.run_dir / 'checkpoints'}; "
