@@ -1,0 +1,39 @@
+"""Entry module of the ``hpsv2`` reward: options and registration only, no torch at import time.
+
+HPSv2.1 (Human Preference Score v2.1, Wu et al. 2023): an open_clip ViT-H-14 fine-tuned on the HPD v2
+preference dataset; the score is the cosine of the unit image and text embeddings (about 0.25-0.35),
+as ``hpsv2.score`` computes it. Needs the ``open_clip_torch`` package (with torchvision and timm).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from vgrpo_platform.hookspecs import hookimpl
+
+from .._options import ModelRewardConfig
+
+
+class Config(ModelRewardConfig):
+    model: str = Field(
+        "xswu/HPSv2",
+        description="The HPS checkpoint: a .pt file, a folder holding `filename`, or a hub repo with it.",
+    )
+    filename: str = Field(
+        "HPS_v2.1_compressed.pt",
+        description="Checkpoint file name in the folder or repo (v2.0: HPS_v2_compressed.pt).",
+    )
+    arch: str = Field("ViT-H-14", description="open_clip architecture the checkpoint was trained on.")
+
+
+def build(config: Config, context: Any) -> Any:
+    from .impl import HpsV2Reward
+
+    return HpsV2Reward(config, context)
+
+
+@hookimpl
+def register_rewards(register):  # noqa: ANN001
+    register("hpsv2", build, Config, summary="HPSv2.1 human-preference score (open_clip ViT-H-14), cosine.")
