@@ -1,0 +1,368 @@
+"""The ``flux`` adapter on a tiny FluxPipeline built from configs, saved, and loaded through the real path.
+
+Independent references: diffusers' own ``FluxPipeline.__call__`` (rollouts), the scheduler's dynamic
+shift (timestep grid), finite differences (gradients), and a freshly loaded pipeline with
+``load_lora_weights`` (export).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline
+from diffusers.utils import logging as diffusers_logging
+from PIL import Image
+from tiny_pipelines import RESOLUTION, build_tiny_flux
+from vgrpo_adapters import flux as flux_entry
+from vgrpo_adapters._diffusers_common import EXPORT_INFO, ModelWeightsError, static_shift
+from vgrpo_adapters.flux import FluxAdapterConfig
+from vgrpo_adapters.flux.impl import FluxAdapter
+from vgrpo_rewards import toy as toy_rewards
+
+from vgrpo_platform import finetune
+from vgrpo_platform.generate import sample_to_folder
+from vgrpo_platform.metrics import read_metrics
+from vgrpo_platform.plugins import build_plugin_manager, collect_components
+from vgrpo_platform.protocols import Adapter, BuildContext, SamplerSpec
+from vgrpo_platform.recipe import resolve_recipe
+from vgrpo_platform.surrogates import plugin as surrogates_plugin
+from vgrpo_platform.train import Trainer
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+diffusers_logging.disable_progress_bar()
+
+RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "flux_pickscore.toml"
+TOKENS = 16  # T5 tokens per prompt in the tests
+PROMPTS = ["a red cat", "a blue dog on a hill", "a red cat"]
+LATENT = (4, RESOLUTION // 2, RESOLUTION // 2)  # tiny VAE: 4 channels, factor 2
+
+
+def config(model: Path, **options) -> FluxAdapterConfig:
+    return FluxAdapterConfig(model=str(model), resolution=RESOLUTION, max_sequence_length=TOKENS, **options)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return build_tiny_flux(tmp_path_factory.mktemp("flux") / "pipe")
+
+
+@pytest.fixture(scope="module")
+def adapter(model_dir) -> FluxAdapter:
+    return FluxAdapter.from_config(config(model_dir), BuildContext())
+
+
+def noise(batch: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(batch, *LATENT, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def test_registered_with_a_documented_config_and_a_torch_free_entry_module(model_dir) -> None:
+    registry = collect_components(build_plugin_manager(load_entry_points=False, extra_plugins=[flux_entry]))
+    spec = registry.get("adapter", "flux")
+    assert spec.config is FluxAdapterConfig
+    assert all(field.description for field in FluxAdapterConfig.model_fields.values())
+    built = registry.build("adapter", "flux", config(model_dir).model_dump(), BuildContext())
+    assert isinstance(built, FluxAdapter) and isinstance(built, Adapter)
+    code = "import vgrpo_adapters.flux, sys; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+    with pytest.raises(ValueError):
+        FluxAdapterConfig(resolution=520)  # not a multiple of 16
+    with pytest.raises(ValueError):
+        FluxAdapterConfig(unknown=1)
+
+
+def test_shapes_dtype_and_frozen_parts(adapter) -> None:
+    assert adapter.latent_shape() == LATENT
+    assert adapter.dtype == torch.float32  # "auto" on the CPU
+    cond = adapter.encode_prompts(PROMPTS)
+    assert cond["prompt_embeds"].shape == (3, TOKENS, 32) and cond["pooled_prompt_embeds"].shape == (3, 32)
+    torch.testing.assert_close(cond["prompt_embeds"][0], cond["prompt_embeds"][2])
+    assert all(not p.requires_grad for enc in adapter.text_encoders for p in enc.parameters())
+    assert all(not p.requires_grad for p in adapter.vae.parameters())
+    z = noise(3)
+    assert adapter.predict(z, torch.rand(3), cond).shape == z.shape
+    samples = adapter.decode(adapter.sample(z, cond, SamplerSpec("euler", 2)))
+    assert samples.modality == "image" and samples.data.shape == (3, 3, RESOLUTION, RESOLUTION)
+    assert samples.data.dtype == torch.float32 and 0 <= samples.data.min() and samples.data.max() <= 1
+
+
+def test_packing_round_trips_and_matches_diffusers(adapter) -> None:
+    z = noise(2)
+    tokens = adapter.pack(z)
+    assert tokens.shape == (2, (LATENT[1] // 2) ** 2, 4 * LATENT[0])
+    assert torch.equal(adapter.unpack(tokens), z)
+    # token (i, j) holds the 2x2 patch at rows 2i..2i+1, cols 2j..2j+1, channel-major
+    i, j = 3, 5
+    patch = z[:, :, 2 * i : 2 * i + 2, 2 * j : 2 * j + 2].reshape(2, -1)  # [B, C * 4]
+    torch.testing.assert_close(tokens[:, i * (LATENT[2] // 2) + j], patch)
+    assert adapter.img_ids.shape == (tokens.shape[1], 3)
+
+
+def test_dynamic_shift_becomes_the_equivalent_static_shift(adapter, model_dir) -> None:
+    scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(model_dir / "scheduler")
+    seq_len = (LATENT[1] // 2) ** 2
+    cfg = scheduler.config
+    mu = cfg.base_shift + (cfg.max_shift - cfg.base_shift) * (seq_len - cfg.base_image_seq_len) / (
+        cfg.max_image_seq_len - cfg.base_image_seq_len
+    )
+    assert adapter.schedule.shift == pytest.approx(math.exp(mu))
+    assert static_shift(cfg, seq_len) == pytest.approx(math.exp(mu))
+    scheduler.set_timesteps(sigmas=[1.0, 0.8, 0.5, 0.2, 0.05], mu=mu)  # the pipeline's grid
+    grid = torch.tensor([1.0, 0.8, 0.5, 0.2, 0.05])
+    torch.testing.assert_close(adapter.schedule.warp(grid), scheduler.sigmas[:-1], atol=1e-6, rtol=1e-6)
+    override = FluxAdapter(FluxPipeline.from_pretrained(model_dir), resolution=RESOLUTION, shift=2.5)
+    assert override.schedule.shift == 2.5
+
+
+def test_rollout_and_decode_equal_the_diffusers_pipeline(adapter, model_dir) -> None:
+    z = noise(1, seed=3)
+    cond = adapter.encode_prompts(["a red cat"])
+    image = adapter.decode(adapter.sample(z, cond, SamplerSpec("euler", 4))).data
+    pipe = FluxPipeline.from_pretrained(model_dir)
+    reference = pipe(
+        "a red cat",
+        height=RESOLUTION,
+        width=RESOLUTION,
+        num_inference_steps=4,
+        guidance_scale=3.5,
+        max_sequence_length=TOKENS,
+        latents=FluxPipeline._pack_latents(z, 1, *LATENT),
+        output_type="pt",
+    ).images
+    torch.testing.assert_close(image, reference, atol=1e-5, rtol=1e-5)
+    other = FluxAdapter(pipe, resolution=RESOLUTION, max_sequence_length=TOKENS, guidance=1.0)
+    assert (
+        other.predict(z, torch.ones(1), cond) - adapter.predict(z, torch.ones(1), cond)
+    ).abs().max() > 1e-5
+
+
+def test_every_sampler_converges_to_the_same_ode_solution(adapter) -> None:
+    z = noise(2, seed=4)
+    cond = adapter.encode_prompts(PROMPTS[:2])
+    fine = adapter.sample(z, cond, SamplerSpec("euler", 64))
+
+    def error(name: str, steps: int) -> float:  # relative distance to the fine Euler solution
+        return float((adapter.sample(z, cond, SamplerSpec(name, steps)) - fine).norm() / (z - fine).norm())
+
+    for name in ("euler", "dpmsolver++", "unipc"):
+        coarse, finer = error(name, 3), error(name, 12)
+        assert finer < 0.04 and finer < 0.5 * coarse, (name, coarse, finer)
+    assert torch.equal(
+        adapter.sample(z, cond, SamplerSpec("unipc", 6)), adapter.sample(z, cond, SamplerSpec("unipc", 6))
+    )
+
+
+def test_text_embeddings_are_cached_per_prompt(model_dir) -> None:
+    adapter = FluxAdapter.from_config(config(model_dir), BuildContext())
+    calls: list[list[str]] = []
+    encode = adapter._encode
+    adapter._encode = lambda prompts: calls.append(list(prompts)) or encode(prompts)
+    first = adapter.encode_prompts(PROMPTS)
+    assert calls == [["a red cat", "a blue dog on a hill"]]  # each distinct prompt once
+    again = adapter.encode_prompts(["a blue dog on a hill", "a red cat", "a new one"])
+    assert calls[1:] == [["a new one"]]
+    assert adapter.prompt_cache.hits == 3 and adapter.prompt_cache.misses == 3
+    torch.testing.assert_close(again["prompt_embeds"][0], first["prompt_embeds"][1])
+    fresh = encode(["a blue dog on a hill"])  # uncached, alone in its batch
+    for key in first:
+        torch.testing.assert_close(again[key][0], fresh[key][0])
+    uncached = FluxAdapter.from_config(config(model_dir, cache_text_embeddings=False), BuildContext())
+    uncached.encode_prompts(PROMPTS)
+    assert len(uncached.prompt_cache) == 0
+
+
+def test_decode_in_chunks_equals_one_decode(adapter) -> None:
+    latents = noise(5, seed=5)
+    adapter.decode_chunk_size = 2
+    chunked = adapter.decode(latents).data
+    adapter.decode_chunk_size = 8
+    whole = adapter.decode(latents).data
+    torch.testing.assert_close(chunked, whole, atol=1e-6, rtol=1e-5)
+    cfg = adapter.vae.config  # decode = VAE(latents / scaling + shift), rescaled to [0, 1]
+    with torch.no_grad():
+        direct = adapter.vae.decode(latents / cfg.scaling_factor + cfg.shift_factor).sample
+    torch.testing.assert_close(whole, ((direct + 1) / 2).clamp(0, 1))
+
+
+def test_predict_gradient_matches_finite_differences(model_dir) -> None:
+    adapter = FluxAdapter.from_config(config(model_dir, dtype="fp32"), BuildContext())
+    adapter.denoiser.double()
+    adapter.dtype = torch.float64
+    adapter.img_ids = adapter.img_ids.double()
+    cond = {k: v.double() for k, v in adapter.encode_prompts(PROMPTS[:2]).items()}
+    z, t = noise(2, dtype=torch.float64), torch.tensor([0.3, 0.8])
+    weight = adapter.denoiser.transformer_blocks[0].attn.to_q.weight
+    direction = torch.randn(weight.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+
+    def loss() -> torch.Tensor:
+        return adapter.predict(z, t, cond).square().mean()
+
+    loss().backward()
+    analytic = (weight.grad * direction).sum().item()
+    h = 1e-4
+    with torch.no_grad():
+        weight += h * direction
+        up = loss().item()
+        weight -= 2 * h * direction
+        down = loss().item()
+        weight += h * direction
+    # diffusers applies FLUX's rotary embedding in float32 (x.float()), so agreement is ~1e-4, not 1e-8
+    assert analytic == pytest.approx((up - down) / (2 * h), rel=1e-3)
+    assert all(p.grad is None for enc in adapter.text_encoders for p in enc.parameters())
+
+
+def test_lora_export_loads_into_a_fresh_pipeline_with_the_same_predictions(model_dir, tmp_path) -> None:
+    adapter = FluxAdapter.from_config(config(model_dir), BuildContext())
+    finetune.attach_lora(adapter.denoiser, rank=4, alpha=8, target_modules=adapter.lora_target_modules)
+    with torch.no_grad():  # a "trained" LoRA: B != 0
+        for name, p in adapter.denoiser.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(len(name)))
+    adapter.export_trained(tmp_path / "final")
+    assert (tmp_path / "final" / "pytorch_lora_weights.safetensors").is_file()
+    assert (tmp_path / "final" / EXPORT_INFO).is_file()
+    cond = adapter.encode_prompts(PROMPTS[:2])
+    z, t = noise(2, seed=6), torch.tensor([0.4, 0.9])
+    fresh = FluxAdapter(
+        FluxPipeline.from_pretrained(model_dir), resolution=RESOLUTION, max_sequence_length=TOKENS
+    )
+    with torch.no_grad():
+        trained, base = adapter.predict(z, t, cond), fresh.predict(z, t, cond)
+        fresh.pipe.load_lora_weights(tmp_path / "final")  # rank and alpha come from the file's metadata
+        loaded = fresh.predict(z, t, cond)
+    assert (trained - base).abs().max() > 1e-3
+    torch.testing.assert_close(loaded, trained, atol=1e-6, rtol=1e-5)
+
+
+def test_full_finetune_export_is_a_transformer_folder(model_dir, tmp_path) -> None:
+    adapter = FluxAdapter.from_config(config(model_dir), BuildContext())
+    finetune.enable_full_finetune(adapter.denoiser)
+    with torch.no_grad():
+        adapter.denoiser.proj_out.weight.add_(0.1)
+    adapter.export_trained(tmp_path / "final")
+    reloaded = type(adapter.denoiser).from_pretrained(tmp_path / "final" / "transformer")
+    torch.testing.assert_close(reloaded.proj_out.weight, adapter.denoiser.proj_out.weight)
+
+
+def test_missing_weights_name_the_model_and_the_fix(tmp_path) -> None:
+    with pytest.raises(ModelWeightsError, match="no/such-flux-model.*huggingface-cli download"):
+        FluxAdapter.from_config(FluxAdapterConfig(model="no/such-flux-model"), BuildContext())
+    with pytest.raises(ModelWeightsError, match="model_index.json"):
+        FluxAdapter.from_config(FluxAdapterConfig(model=str(tmp_path)), BuildContext())
+
+
+def test_relative_model_path_resolves_against_the_recipe_folder(model_dir) -> None:
+    built = FluxAdapter.from_config(
+        FluxAdapterConfig(model=model_dir.name, resolution=RESOLUTION),
+        BuildContext(recipe_dir=model_dir.parent),
+    )
+    assert built.latent_shape() == LATENT
+
+
+def test_recipe_runs_two_iterations_end_to_end_and_exports_a_loadable_lora(model_dir, tmp_path) -> None:
+    registry = collect_components(
+        build_plugin_manager(
+            load_entry_points=False, extra_plugins=[flux_entry, toy_rewards, surrogates_plugin]
+        )
+    )
+    overrides = [
+        f'adapter.options.model="{model_dir}"',
+        f"adapter.options.resolution={RESOLUTION}",
+        f"adapter.options.max_sequence_length={TOKENS}",
+        'rewards.0={name="brightness"}',
+        "run.device=cpu",
+        "run.mixed_precision=no",
+        f'run.output_dir="{tmp_path}"',
+        "log.progress=none",
+        "rollout.group_size=2",
+        "rollout.prompts_per_iteration=2",
+        "rollout.steps=3",
+        "train.iterations=2",
+        "train.micro_batch_size=4",
+        "train.lr=1e-2",
+        "train.lora_rank=4",
+        "eval.max_prompts=1",
+        "eval.every=0",
+    ]
+    resolved = resolve_recipe(RECIPE, overrides, registry=registry)
+    assert resolved.recipe.rollout.sampler == "dpmsolver++" and resolved.recipe.train.gradient_checkpointing
+    trainer = Trainer(resolved)
+    run_dir = trainer.run()
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["iteration"] for r in records if r["kind"] == "train"] == [1, 2]
+    assert all(math.isfinite(r["loss"]) for r in records if r["kind"] == "train")
+    assert trainer.session.adapter.denoiser.is_gradient_checkpointing
+    adapter = trainer.session.adapter
+    cond = adapter.encode_prompts(PROMPTS[:2])
+    z, t = noise(2, seed=7), torch.tensor([0.5, 0.7])
+    fresh = FluxAdapter(
+        FluxPipeline.from_pretrained(model_dir), resolution=RESOLUTION, max_sequence_length=TOKENS
+    )
+    with torch.no_grad():
+        trained, base = adapter.predict(z, t, cond), fresh.predict(z, t, cond)
+        fresh.pipe.load_lora_weights(run_dir / "final")
+        loaded = fresh.predict(z, t, cond)
+    assert (trained - base).abs().max() > 1e-2  # training moved the policy
+    torch.testing.assert_close(loaded, trained, atol=1e-6, rtol=1e-5)
+    # `vgrpo sample --checkpoint RUN_DIR` generates with the trained weights: same noise, same images
+    files = sample_to_folder(
+        resolved, out_dir=tmp_path / "samples", checkpoint=run_dir, prompts=["a red cat"]
+    )
+    expected_noise = torch.randn(1, *LATENT, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        latents = adapter.sample(
+            expected_noise, adapter.encode_prompts(["a red cat"]), SamplerSpec("dpmsolver++", 3)
+        )
+    expected = (adapter.decode(latents).data[0] * 255).round().permute(1, 2, 0)
+    written = torch.from_numpy(np.array(Image.open(files[0]))).float()
+    assert (written - expected).abs().max() <= 1
+    base_files = sample_to_folder(resolved, out_dir=tmp_path / "base", prompts=["a red cat"])
+    base_written = torch.from_numpy(np.array(Image.open(base_files[0]))).float()
+    assert (base_written - written).abs().max() > 2  # the base model's image differs: the checkpoint was used
+
+
+def test_shipped_recipe_passes_check_with_the_real_reward_plugin() -> None:
+    try:
+        pickscore = importlib.import_module("vgrpo_rewards.pickscore")
+    except ImportError:
+        pickscore = None
+    if not hasattr(pickscore, "register_rewards"):
+        pytest.skip("reward plugin pickscore is not written yet")
+    registry = collect_components(
+        build_plugin_manager(
+            load_entry_points=False, extra_plugins=[flux_entry, surrogates_plugin, pickscore]
+        )
+    )
+    resolved = resolve_recipe(RECIPE, registry=registry)
+    r = resolved.recipe
+    assert (r.rollout.sampler, r.rollout.steps, r.surrogate.options["n_mc"]) == ("dpmsolver++", 16, 4)
+    assert resolved.adapter.config.guidance == 3.5 and len(resolved.train_prompts) >= 32
+
+
+@pytest.mark.gpu
+def test_real_flux_on_cuda() -> None:
+    """FLUX.1-dev (or VGRPO_FLUX_MODEL) at 512 px: a LoRA rollout and a gradient on the real model."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    model = os.environ.get("VGRPO_FLUX_MODEL", "black-forest-labs/FLUX.1-dev")
+    try:
+        adapter = FluxAdapter.from_config(FluxAdapterConfig(model=model), BuildContext(device="cuda"))
+    except ModelWeightsError as exc:
+        pytest.skip(str(exc))
+    assert adapter.latent_shape() == (16, 64, 64) and adapter.schedule.shift == pytest.approx(
+        1.8776, abs=1e-3
+    )
+    finetune.attach_lora(adapter.denoiser, rank=8, alpha=16, target_modules=adapter.lora_target_modules)
+    cond = adapter.encode_prompts(["a photo of a cat"])
+    z = torch.randn(1, *adapter.latent_shape(), device="cuda")
+    image = adapter.decode(adapter.sample(z, cond, SamplerSpec("dpmsolver++", 8))).data
+    assert image.shape == (1, 3, 512, 512) and image.std() > 0.05
+    adapter.predict(z, torch.tensor([0.5], device="cuda"), cond).float().square().mean().backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in adapter.denoiser.parameters())

@@ -1,0 +1,169 @@
+"""Tiny FLUX and SD3 pipelines built from configs, offline, saved in the diffusers folder layout.
+
+Every component is the real library class at toy size (the shapes of diffusers' own
+``get_dummy_components`` tests), so the adapters load them through the same
+``FluxPipeline.from_pretrained`` / ``StableDiffusion3Pipeline.from_pretrained`` path as a real checkpoint.
+Tokenizers are built in memory: a byte-level ``CLIPTokenizer`` (the toy adapter's) and a ``T5Tokenizer``
+whose unigram vocabulary is the printable ASCII characters, so any prompt tokenizes without a download.
+
+Sizes: VAE with 2 blocks (8x fewer pixels per latent side -> 2x here), 4 latent channels; at 32 px the
+latents are ``[4, 16, 16]``, which FLUX packs into 64 tokens of 16 channels.
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+import torch
+from diffusers import (
+    AutoencoderKL,
+    FlowMatchEulerDiscreteScheduler,
+    FluxPipeline,
+    FluxTransformer2DModel,
+    SD3Transformer2DModel,
+    StableDiffusion3Pipeline,
+)
+from transformers import (
+    CLIPTextConfig,
+    CLIPTextModel,
+    CLIPTextModelWithProjection,
+    T5Config,
+    T5EncoderModel,
+    T5Tokenizer,
+)
+from vgrpo_adapters.toy.build import byte_level_tokenizer
+
+CLIP_TOKENS = 32  # CLIP's model_max_length in the tiny pipelines (77 in the real ones)
+RESOLUTION = 32  # the image side the tests use; latents are RESOLUTION / 2 per side
+
+
+def t5_tokenizer() -> T5Tokenizer:
+    """A unigram T5 tokenizer over printable ASCII (one piece per character, plus word-initial letters)."""
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -2.0)]
+    pieces += [(c, -3.0) for c in string.ascii_letters + string.digits + string.punctuation]
+    pieces += [("\u2581" + c, -2.5) for c in string.ascii_lowercase]
+    return T5Tokenizer(vocab=pieces, extra_ids=0)
+
+
+def _clip_config(vocab_size: int, tokenizer) -> CLIPTextConfig:  # noqa: ANN001
+    return CLIPTextConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=37,
+        projection_dim=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=CLIP_TOKENS,
+        hidden_act="gelu",
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def _t5(vocab_size: int, d_model: int) -> T5EncoderModel:
+    return T5EncoderModel(
+        T5Config(
+            vocab_size=vocab_size,
+            d_model=d_model,
+            d_kv=8,
+            d_ff=37,
+            num_layers=1,
+            num_heads=4,
+            relative_attention_num_buckets=8,
+            decoder_start_token_id=0,
+            pad_token_id=0,
+            eos_token_id=1,
+        )
+    )
+
+
+def _vae() -> AutoencoderKL:
+    return AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        latent_channels=4,
+        block_out_channels=(8, 8),
+        layers_per_block=1,
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        norm_num_groups=4,
+        sample_size=RESOLUTION,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+        shift_factor=0.0609,
+        scaling_factor=1.5035,
+    )
+
+
+def build_tiny_flux(folder: str | Path, seed: int = 0) -> Path:
+    """``FluxPipeline`` at toy size, saved under ``folder``; its scheduler shifts dynamically (``mu``)."""
+    clip_tok = byte_level_tokenizer(CLIP_TOKENS)
+    t5_tok = t5_tokenizer()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        pipe = FluxPipeline(
+            scheduler=FlowMatchEulerDiscreteScheduler(
+                shift=3.0,
+                use_dynamic_shifting=True,
+                base_shift=0.5,
+                max_shift=1.15,
+                base_image_seq_len=16,
+                max_image_seq_len=256,  # tiny sequences get a real shift > 1
+            ),
+            vae=_vae(),
+            text_encoder=CLIPTextModel(_clip_config(len(clip_tok), clip_tok)),
+            tokenizer=clip_tok,
+            text_encoder_2=_t5(len(t5_tok), 32),
+            tokenizer_2=t5_tok,
+            transformer=FluxTransformer2DModel(
+                patch_size=1,
+                in_channels=16,
+                num_layers=1,
+                num_single_layers=1,
+                attention_head_dim=16,
+                num_attention_heads=2,
+                joint_attention_dim=32,
+                pooled_projection_dim=32,
+                guidance_embeds=True,
+                axes_dims_rope=(4, 4, 8),
+            ),
+        )
+    pipe.save_pretrained(folder)
+    return Path(folder)
+
+
+def build_tiny_sd3(folder: str | Path, seed: int = 0) -> Path:
+    """``StableDiffusion3Pipeline`` at toy size (SD3.5-M style: QK RMS-norm, one dual-attention block)."""
+    clip_tok = byte_level_tokenizer(CLIP_TOKENS)
+    t5_tok = t5_tokenizer()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        pipe = StableDiffusion3Pipeline(
+            scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+            vae=_vae(),
+            text_encoder=CLIPTextModelWithProjection(_clip_config(len(clip_tok), clip_tok)),
+            tokenizer=clip_tok,
+            text_encoder_2=CLIPTextModelWithProjection(_clip_config(len(clip_tok), clip_tok)),
+            tokenizer_2=clip_tok,
+            text_encoder_3=_t5(len(t5_tok), 64),  # CLIP-L + CLIP-G states (32 + 32) are padded to T5's width
+            tokenizer_3=t5_tok,
+            transformer=SD3Transformer2DModel(
+                sample_size=RESOLUTION // 2,
+                patch_size=2,
+                in_channels=4,
+                out_channels=4,
+                num_layers=2,
+                attention_head_dim=8,
+                num_attention_heads=4,
+                joint_attention_dim=64,
+                caption_projection_dim=32,
+                pooled_projection_dim=64,
+                pos_embed_max_size=16,
+                dual_attention_layers=(0,),
+                qk_norm="rms_norm",
+            ),
+        )
+    pipe.save_pretrained(folder)
+    return Path(folder)
