@@ -271,6 +271,48 @@ def report(
     typer.echo(str(index))
 
 
+new_app = typer.Typer(
+    help="Start a plugin package from the template the tutorials walk through (docs/writing-a-*.md).",
+    no_args_is_help=True,
+)
+app.add_typer(new_app, name="new")
+NameArg = typer.Argument(..., help="Component name in recipes: lower-case, digits, '_'.", show_default=False)
+DirOpt = typer.Option(Path("."), "--dir", help="Folder to create the package in.")
+PackageOpt = typer.Option(None, "--package", help="Import name; default: vgrpo_NAME.", show_default=False)
+DistOpt = typer.Option(None, "--dist-name", help="pip name; default: vgrpo-NAME.", show_default=False)
+
+
+def _new(kind: str, name: str, directory: Path, package: str | None, dist: str | None) -> None:
+    from vgrpo_platform.scaffold import scaffold
+
+    with user_errors():
+        target = scaffold(kind, name, directory, package=package, distribution=dist)
+    typer.echo(f"wrote {target}")
+    typer.echo(f"next: pip install -e {target}  &&  vgrpo plugins  &&  pytest {target / 'tests'}")
+
+
+@new_app.command("reward")
+def new_reward(
+    name: str = NameArg,
+    directory: Path = DirOpt,
+    package: str | None = PackageOpt,
+    dist: str | None = DistOpt,
+) -> None:
+    """Write a reward plugin package NAME (a working copy of the colourfulness example)."""
+    _new("reward", name, directory, package, dist)
+
+
+@new_app.command("adapter")
+def new_adapter(
+    name: str = NameArg,
+    directory: Path = DirOpt,
+    package: str | None = PackageOpt,
+    dist: str | None = DistOpt,
+) -> None:
+    """Write an adapter plugin package NAME (a working copy of the 1-D signal flow example)."""
+    _new("adapter", name, directory, package, dist)
+
+
 # --------------------------------------------------------------------------- entry point
 
 _COMMANDS_ADDED: list[bool] = []
