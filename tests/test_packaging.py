@@ -62,9 +62,9 @@ def test_every_recipe_key_is_documented():
 
 
 def test_every_hook_is_documented():
-    doc = (ROOT / "docs" / "plugins.md").read_text()
+    doc = (ROOT / "docs" / "hooks.md").read_text()
     hooks = [name for name in dir(hookspecs) if name.startswith("register_")]
     assert hooks
     for name in hooks:
         assert getattr(hookspecs, name).__doc__, name
-        assert f"`{name}" in doc, f"hook {name} is not documented in docs/plugins.md"
+        assert f"`{name}" in doc, f"hook {name} is not documented in docs/hooks.md"

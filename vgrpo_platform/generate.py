@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from vgrpo_platform import media
 from vgrpo_platform.checkpoint import latest_valid_checkpoint, load_checkpoint
 from vgrpo_platform.errors import CheckpointError
 from vgrpo_platform.protocols import BuildContext, SamplerSpec, Samples
@@ -90,6 +91,10 @@ def write_samples(samples: Samples, out: Path, prompts: Sequence[str]) -> list[P
             path = out / f"{i:05d}.png"
             array = (data[i].clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
             Image.fromarray(array).save(path)
+        elif samples.modality == "video":
+            path = media.write_video(data[i], out / f"{i:05d}.mp4", fps=samples.fps or 16.0)
+        elif samples.modality == "audio" and samples.sample_rate:
+            path = media.write_audio(data[i], out / f"{i:05d}.wav", samples.sample_rate)
         else:
             path = out / f"{i:05d}.pt"
             torch.save(data[i], path)

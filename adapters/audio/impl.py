@@ -1,0 +1,191 @@
+"""The ``longcat_audio`` adapter: LongCat-AudioDiT text-to-audio via ``diffusers.LongCatAudioDiTPipeline``.
+
+Latents are the waveform VAE's ``[C, T]`` (``C = latent_dim``, ``T`` frames of ``downsampling_ratio``
+samples); the transformer takes them time-major ``[B, T, C]``, so ``predict`` transposes. LongCat runs
+time backwards: its network sees ``s = 1 - t`` (``s = 1`` is data) and predicts ``x - eps``; in the core's
+convention (``t = 1`` noise, ``v = eps - x``) that is ``v(z, t) = -net(z, 1 - t)``. Its own sampler is the
+Euler grid of the core's ``euler`` sampler, so rollouts equal the pipeline's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from diffusers import LongCatAudioDiTPipeline
+from vgrpo_adapters._diffusers_common import EXPORT_INFO, DiffusersFlowAdapter, PromptCache, static_shift
+
+from vgrpo_platform.finetune import uses_lora
+from vgrpo_platform.protocols import Conditioning, Samples
+from vgrpo_platform.schedules import RectifiedFlowSchedule
+
+
+class LongCatAudioAdapter(DiffusersFlowAdapter):
+    """LongCat-AudioDiT DiT (trained) + waveform VAE and UMT5 (frozen), optional CFG against empty text."""
+
+    modality = "audio"
+    pipeline_class = LongCatAudioDiTPipeline
+    lora_target_modules: Sequence[str] = ("to_q", "to_k", "to_v", "to_out.0")
+
+    def __init__(  # the base constructor reads an image VAE's config: set the same attributes here
+        self,
+        pipe: LongCatAudioDiTPipeline,
+        *,
+        duration_s: float,
+        device: torch.device | str = "cpu",
+        shift: float | None = None,
+        max_sequence_length: int = 128,
+        decode_chunk_size: int = 8,
+        cache_text_embeddings: bool = True,
+        text_cache_device: str = "cpu",
+        offload_text_encoders: bool = False,
+        cfg_scale: float = 1.0,
+        cfg_in_training: bool = False,
+    ) -> None:
+        if cfg_scale < 1.0:
+            raise ValueError(f"cfg_scale must be >= 1 (1 = off), got {cfg_scale}")
+        self.pipe = pipe
+        self.device = torch.device(device)
+        self.denoiser = pipe.transformer.to(self.device)
+        self.dtype = self.denoiser.dtype
+        self.vae = pipe.vae.requires_grad_(False).eval().to(self.device)
+        self.text_encoders = [pipe.text_encoder]
+        self.offload_text_encoders = offload_text_encoders
+        pipe.text_encoder.requires_grad_(False).eval().to("cpu" if offload_text_encoders else self.device)
+        self.sample_rate = int(pipe.sample_rate)
+        self.hop = int(pipe.vae_scale_factor)  # waveform samples per latent frame
+        self.frames = int(duration_s * self.sample_rate // self.hop)
+        if self.frames < 1:
+            raise ValueError(f"duration_s={duration_s} is shorter than one latent frame ({self.hop} samples)")
+        self.resolution = self.frames * self.hop  # samples per clip, recorded by export_trained
+        self.max_sequence_length = max_sequence_length
+        self.decode_chunk_size = decode_chunk_size
+        self.schedule = RectifiedFlowSchedule(
+            shift if shift is not None else static_shift(pipe.scheduler.config, 0)
+        )
+        cache_device = self.device if text_cache_device == "device" else torch.device("cpu")
+        self.prompt_cache = PromptCache(cache_text_embeddings, cache_device)
+        self.cfg_scale = float(cfg_scale)
+        self.cfg_in_training = cfg_in_training
+
+    @staticmethod
+    def options_from_config(config: Any) -> dict[str, Any]:
+        return dict(
+            duration_s=config.duration_s,
+            shift=config.shift,
+            max_sequence_length=config.max_sequence_length,
+            decode_chunk_size=config.decode_chunk_size,
+            cache_text_embeddings=config.cache_text_embeddings,
+            text_cache_device=config.text_cache_device,
+            offload_text_encoders=config.offload_text_encoders,
+            cfg_scale=config.cfg_scale,
+            cfg_in_training=config.cfg_in_training,
+        )
+
+    def latent_shape(self) -> tuple[int, ...]:
+        return (int(self.pipe.latent_dim), self.frames)
+
+    def _encode(self, prompts: list[str]) -> Conditioning:
+        """``prompt_embeds`` ``[B, S, D]`` zero-padded to ``S = max_sequence_length`` and ``prompt_lengths``
+        ``[B]``. Fixed ``S`` makes each prompt's rows independent of its batch-mates (the network masks
+        positions past a prompt's length, but its text ConvNeXt's global norm sees the padded length)."""
+        from diffusers.pipelines.longcat_audio_dit.pipeline_longcat_audio_dit import _normalize_text
+
+        embeds, lengths = self.pipe.encode_prompt([_normalize_text(p) for p in prompts], self.device)
+        s = self.max_sequence_length
+        embeds = F.pad(embeds[:, :s], (0, 0, 0, max(0, s - embeds.shape[1])))  # [B, S, D]
+        return {"prompt_embeds": embeds, "prompt_lengths": lengths.clamp(max=s).long()}
+
+    def _transformer(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+        """The core's velocity ``[B, C, T]`` from LongCat's reversed-time ``x - eps`` prediction."""
+        hidden = z.to(self.device, self.dtype).transpose(1, 2)  # [B, T, C]
+        embeds = cond["prompt_embeds"].to(self.device, self.dtype)  # [B, S, D]
+        positions = torch.arange(embeds.shape[1], device=self.device)
+        text_mask = positions[None] < cond["prompt_lengths"].to(self.device)[:, None]  # [B, S]
+        out = self.denoiser(
+            hidden_states=hidden,
+            encoder_hidden_states=embeds,
+            encoder_attention_mask=text_mask,
+            timestep=(1 - t.to(self.device)).to(self.dtype),
+            attention_mask=torch.ones(hidden.shape[:2], dtype=torch.bool, device=self.device),
+            latent_cond=torch.zeros_like(hidden),
+        ).sample  # [B, T, C]
+        return -out.transpose(1, 2)
+
+    # --------------------------------------------------------------------------------------- CFG
+    @property
+    def uses_cfg(self) -> bool:
+        return self.cfg_scale > 1.0
+
+    def guided_velocity(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+        """``v_null + s (v_cond - v_null)``; the null condition is zero text states with the prompt's mask,
+        the pipeline's default when no negative prompt is given."""
+        null = {
+            "prompt_embeds": torch.zeros_like(cond["prompt_embeds"]),
+            "prompt_lengths": cond["prompt_lengths"],
+        }
+        both = {k: torch.cat([null[k], cond[k]]).to(self.device) for k in cond}
+        t = t.to(device=z.device, dtype=torch.float32).expand(z.shape[0])
+        v_null, v_cond = self._transformer(torch.cat([z, z]), torch.cat([t, t]), both).chunk(2)
+        return (v_null + self.cfg_scale * (v_cond - v_null)).to(z.dtype)
+
+    def predict(self, z_t: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+        if self.uses_cfg and self.cfg_in_training:
+            return self.guided_velocity(z_t, t, cond)
+        return super().predict(z_t, t, cond)
+
+    def _rollout_velocity(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+        if self.uses_cfg:
+            return self.guided_velocity(z, t, cond)
+        return super().predict(z, t, cond)
+
+    # ------------------------------------------------------------------------------------ decode
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> Samples:
+        """Latents ``[B, C, T]`` -> waveforms ``[B, 1, T * hop]`` in ``[-1, 1]`` at ``sample_rate``."""
+        waves = [
+            self.vae.decode(part.to(self.device, self.vae.dtype)).sample.float()  # [b, 1, T * hop]
+            for part in latents.split(self.decode_chunk_size)
+        ]
+        return Samples("audio", torch.cat(waves).clamp(-1, 1), sample_rate=self.sample_rate)
+
+    # ------------------------------------------------------------------------------------ export
+    def export_trained(self, out_dir: str | Path) -> None:
+        """LoRA: ``transformer_lora.safetensors`` + ``transformer_lora_config.json`` (the pipeline has no LoRA
+        loader: load with peft's ``inject_adapter_in_model`` + ``set_peft_model_state_dict``). Full
+        fine-tuning: ``out_dir/transformer`` via ``save_pretrained``."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        base = getattr(self.pipe, "name_or_path", None) or "<base model>"
+        if uses_lora(self.denoiser):
+            from peft.utils import get_peft_model_state_dict
+            from safetensors.torch import save_file
+
+            state = {
+                k: v.detach().to("cpu").contiguous()
+                for k, v in get_peft_model_state_dict(self.denoiser).items()
+            }
+            save_file(state, out / "transformer_lora.safetensors")
+            peft_config = getattr(self.denoiser, "peft_config", {}).get("default")
+            if peft_config is not None:
+                config = {
+                    k: (sorted(v) if isinstance(v, set) else v) for k, v in peft_config.to_dict().items()
+                }
+                (out / "transformer_lora_config.json").write_text(json.dumps(config, indent=2, default=str))
+            info = {
+                "kind": "lora",
+                "load": "peft.inject_adapter_in_model(LoraConfig(**config), pipe.transformer); "
+                "peft.set_peft_model_state_dict(pipe.transformer, load_file('transformer_lora.safetensors'))",
+            }
+        else:
+            self.denoiser.save_pretrained(out / "transformer")
+            info = {
+                "kind": "full",
+                "load": f"LongCatAudioDiTTransformer.from_pretrained('{out / 'transformer'}')",
+            }
+        info.update(base_model=base, samples=self.resolution, sample_rate=self.sample_rate)
+        (out / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n")

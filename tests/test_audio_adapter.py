@@ -1,0 +1,197 @@
+"""The ``longcat_audio`` adapter on a tiny LongCatAudioDiTPipeline built from configs, saved, loaded by path.
+
+Independent references: diffusers' ``LongCatAudioDiTPipeline.__call__`` (rollouts, which run time the
+other way round), soundfile reading back the WAV that ``write_samples`` writes, and a short V-GRPO run.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from diffusers import LongCatAudioDiTPipeline, LongCatAudioDiTTransformer, LongCatAudioDiTVae
+from diffusers.utils import logging as diffusers_logging
+from tiny_pipelines import t5_tokenizer
+from transformers import UMT5Config, UMT5EncoderModel
+from vgrpo_adapters import audio as audio_entry
+from vgrpo_adapters.audio import LongCatAudioConfig
+from vgrpo_adapters.audio.impl import LongCatAudioAdapter
+from vgrpo_rewards import audio as audio_rewards
+
+from vgrpo_platform import media
+from vgrpo_platform.generate import write_samples
+from vgrpo_platform.metrics import read_metrics
+from vgrpo_platform.plugins import build_plugin_manager, collect_components
+from vgrpo_platform.protocols import Adapter, BuildContext, SamplerSpec
+from vgrpo_platform.recipe import resolve_recipe
+from vgrpo_platform.surrogates import plugin as surrogates_plugin
+from vgrpo_platform.train import Trainer
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+diffusers_logging.disable_progress_bar()
+
+RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+RATE, HOP, LATENT_DIM, TOKENS, SECONDS = 8000, 64, 8, 12, 0.5
+LATENT = (LATENT_DIM, int(SECONDS * RATE // HOP))  # [8, 62]
+LONG_PROMPT = "a dog barking loudly in a large empty hall"  # longer than TOKENS: both sides truncate
+
+
+def build_tiny_longcat(folder: Path, seed: int = 0) -> Path:
+    """LongCat-AudioDiT at toy size; the VAE's ``downsampling_ratio`` equals its real hop (8 x 8)."""
+    tok = t5_tokenizer()
+    tok.model_max_length = TOKENS
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        encoder = UMT5EncoderModel(
+            UMT5Config(
+                vocab_size=len(tok),
+                d_model=32,
+                d_kv=8,
+                d_ff=37,
+                num_layers=1,
+                num_heads=4,
+                relative_attention_num_buckets=8,
+                pad_token_id=0,
+                eos_token_id=1,
+            )
+        )
+        vae = LongCatAudioDiTVae(
+            channels=4,
+            c_mults=[1, 2],
+            strides=[8, 8],
+            latent_dim=LATENT_DIM,
+            encoder_latent_dim=16,
+            downsampling_ratio=HOP,
+            sample_rate=RATE,
+        )
+        transformer = LongCatAudioDiTTransformer(
+            dit_dim=32, dit_depth=2, dit_heads=2, dit_text_dim=32, latent_dim=LATENT_DIM, ff_mult=2.0
+        )
+        with torch.no_grad():  # the model zero-initialises its output layers: give the toy a real output
+            for p in transformer.parameters():
+                if p.abs().sum() == 0 and p.ndim > 1:
+                    p.normal_(0, 0.05)
+    LongCatAudioDiTPipeline(
+        vae=vae, text_encoder=encoder, tokenizer=tok, transformer=transformer
+    ).save_pretrained(folder)
+    return folder
+
+
+def config(model: Path, **options) -> LongCatAudioConfig:
+    return LongCatAudioConfig(model=str(model), duration_s=SECONDS, max_sequence_length=TOKENS, **options)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return build_tiny_longcat(tmp_path_factory.mktemp("longcat") / "pipe")
+
+
+@pytest.fixture(scope="module")
+def adapter(model_dir) -> LongCatAudioAdapter:
+    return LongCatAudioAdapter.from_config(config(model_dir), BuildContext())
+
+
+def noise(batch: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(batch, *LATENT, generator=torch.Generator().manual_seed(seed))
+
+
+def test_registered_with_a_documented_config_and_a_torch_free_entry_module(model_dir) -> None:
+    registry = collect_components(build_plugin_manager(load_entry_points=False, extra_plugins=[audio_entry]))
+    assert registry.get("adapter", "longcat_audio").config is LongCatAudioConfig
+    assert all(field.description for field in LongCatAudioConfig.model_fields.values())
+    built = registry.build("adapter", "longcat_audio", config(model_dir).model_dump(), BuildContext())
+    assert isinstance(built, LongCatAudioAdapter) and isinstance(built, Adapter) and built.modality == "audio"
+    code = "import vgrpo_adapters.audio, sys; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_shapes_and_audio_samples(adapter) -> None:
+    assert adapter.latent_shape() == LATENT and adapter.schedule.shift == 1.0
+    cond = adapter.encode_prompts(["rain", "a dog barking"])
+    assert cond["prompt_embeds"].shape == (2, TOKENS, 32) and cond["prompt_lengths"].tolist()[0] < TOKENS
+    z = noise(2)
+    assert adapter.predict(z, torch.rand(2), cond).shape == z.shape
+    samples = adapter.decode(adapter.sample(z, cond, SamplerSpec("euler", 2)))
+    assert samples.modality == "audio" and samples.sample_rate == RATE
+    assert samples.data.shape == (2, 1, LATENT[1] * HOP) and samples.data.abs().max() <= 1
+
+
+@pytest.mark.parametrize("cfg_scale", [1.0, 3.0])
+def test_rollout_equals_the_diffusers_pipeline(model_dir, cfg_scale) -> None:
+    adapter = LongCatAudioAdapter.from_config(config(model_dir, cfg_scale=cfg_scale), BuildContext())
+    z = noise(1, seed=2)
+    wave = adapter.decode(
+        adapter.sample(z, adapter.encode_prompts([LONG_PROMPT]), SamplerSpec("euler", 3))
+    ).data
+    pipe = LongCatAudioDiTPipeline.from_pretrained(model_dir)
+    reference = pipe(
+        LONG_PROMPT,
+        latents=z.transpose(1, 2),
+        num_inference_steps=3,
+        guidance_scale=cfg_scale,
+        output_type="pt",
+    ).audios  # [1, 1, N]
+    assert reference.std() > 1e-4
+    torch.testing.assert_close(wave, reference.clamp(-1, 1), atol=1e-5, rtol=1e-5)
+
+
+def test_decoded_audio_is_written_as_wav_that_reads_back(adapter, tmp_path) -> None:
+    samples = adapter.decode(noise(2, seed=3))
+    paths = write_samples(samples, tmp_path, ["a", "b"])
+    assert [p.suffix for p in paths] == [".wav", ".wav"]
+    wave, rate = media.read_audio(paths[1])
+    assert rate == RATE and wave.shape == (1, LATENT[1] * HOP)
+    assert (wave - samples.data[1]).abs().max() < 1e-4  # 16-bit PCM
+
+
+def test_recipe_runs_v_grpo_iterations_and_exports_a_lora(model_dir, tmp_path) -> None:
+    registry = collect_components(
+        build_plugin_manager(
+            load_entry_points=False, extra_plugins=[audio_entry, audio_rewards, surrogates_plugin]
+        )
+    )
+    overrides = [
+        f'adapter.options.model="{model_dir}"',
+        f"adapter.options.duration_s={SECONDS}",
+        f"adapter.options.max_sequence_length={TOKENS}",
+        'rewards=[{name="loudness", options={target_lufs=-10.0}}]',
+        "run.device=cpu",
+        "run.mixed_precision=no",
+        f'run.output_dir="{tmp_path}"',
+        "log.progress=none",
+        "rollout.group_size=4",
+        "rollout.prompts_per_iteration=2",
+        "rollout.steps=2",
+        "train.iterations=3",
+        "train.micro_batch_size=8",
+        "train.lr=3e-2",
+        "train.lora_rank=4",
+        "eval.every=0",
+    ]
+    resolved = resolve_recipe(RECIPES / "audio_clap.toml", overrides, registry=registry)
+    trainer = Trainer(resolved)
+    run_dir = trainer.run()
+    records = [rec for rec in read_metrics(run_dir / "metrics.jsonl") if rec["kind"] == "train"]
+    assert [rec["iteration"] for rec in records] == [1, 2, 3]
+    assert all(math.isfinite(rec["loss"]) and math.isfinite(rec["reward"]) for rec in records)
+    lora_b = [p for n, p in trainer.session.adapter.denoiser.named_parameters() if "lora_B" in n]
+    assert lora_b and max(p.abs().max().item() for p in lora_b) > 0
+    assert (run_dir / "final" / "transformer_lora.safetensors").is_file()
+
+
+def test_shipped_recipe_passes_check_with_the_audio_rewards() -> None:
+    registry = collect_components(
+        build_plugin_manager(
+            load_entry_points=False, extra_plugins=[audio_entry, audio_rewards, surrogates_plugin]
+        )
+    )
+    resolved = resolve_recipe(RECIPES / "audio_clap.toml", registry=registry)
+    assert (
+        resolved.recipe.adapter.name == "longcat_audio" and not resolved.recipe.train.gradient_checkpointing
+    )
+    assert [r.key for r in resolved.rewards] == ["clap", "silence_ratio", "loudness"]

@@ -1,0 +1,336 @@
+"""The conformance kit (``vgrpo_platform.testing``): every built-in adapter and reward passes it, and each
+of its checks catches the defect it exists for (a tiny adapter and reward with one defect at a time)."""
+
+from __future__ import annotations
+
+import copy
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from pydantic import ConfigDict
+
+from vgrpo_platform.plugins import default_registry
+from vgrpo_platform.protocols import BuildContext, SamplerSpec, Samples
+from vgrpo_platform.registry import PluginConfig
+from vgrpo_platform.schedules import RectifiedFlowSchedule
+from vgrpo_platform.testing import (
+    ADAPTER_CHECKS,
+    REWARD_CHECKS,
+    check_adapter,
+    check_component,
+    check_entry_module_cheap,
+    check_reward,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tiny_pipelines, tiny_clip
+
+REGISTRY = default_registry()
+BUILTINS = [(s.kind, s.name) for s in REGISTRY.specs() if s.distribution == "vgrpo" and s.kind != "surrogate"]
+SHAPES_PROMPTS = ["a red circle", "a blue square", "two green triangles", "a red circle above a blue square"]
+
+
+def _tiny_diffusers(builder: str) -> Callable[[Path], dict[str, Any]]:
+    def options(folder: Path) -> dict[str, Any]:
+        import tiny_pipelines
+
+        getattr(tiny_pipelines, builder)(folder)
+        return {"model": str(folder), "resolution": tiny_pipelines.RESOLUTION}
+
+    return options
+
+
+def _tiny_clip(processor: bool) -> Callable[[Path], dict[str, Any]]:
+    def options(folder: Path) -> dict[str, Any]:
+        from tiny_clip import save_clip
+
+        save_clip(folder)
+        return {"model": str(folder), **({"processor": str(folder)} if processor else {})}
+
+    return options
+
+
+# (kind, name) -> (options, or a function of a scratch folder that writes tiny weights and returns the
+# options; keyword arguments of the kit)
+TINY: dict[tuple[str, str], tuple[Any, dict[str, Any]]] = {
+    ("adapter", "toy"): ({}, {}),
+    ("adapter", "shapes"): ({"resolution": 16}, {}),  # the weights ship with vgrpo
+    ("adapter", "sd3"): (_tiny_diffusers("build_tiny_sd3"), {}),
+    ("adapter", "flux"): (_tiny_diffusers("build_tiny_flux"), {}),
+    ("reward", "brightness"): ({}, {}),
+    ("reward", "target_color"): ({}, {}),
+    ("reward", "shapes"): ({}, {"prompts": SHAPES_PROMPTS * 2}),
+    ("reward", "jpeg"): ({}, {}),
+    ("reward", "clipscore"): (_tiny_clip(False), {}),
+    ("reward", "pickscore"): (_tiny_clip(True), {}),
+}
+SKIP = {
+    ("reward", "ocr"): "scores rendered text: flat colours and noise all read as no text",
+    ("reward", "aesthetic"): "needs an aesthetic-head checkpoint beside CLIP weights",
+    ("reward", "hpsv2"): "needs an open_clip HPS checkpoint",
+    ("reward", "imagereward"): "needs an ImageReward BLIP checkpoint",
+}
+
+
+def test_the_builtins_are_found():
+    assert ("adapter", "toy") in BUILTINS and ("reward", "brightness") in BUILTINS
+    assert ("reward", "shapes") in BUILTINS and ("reward", "target_color") in BUILTINS
+
+
+@pytest.mark.parametrize(("kind", "name"), BUILTINS, ids=[f"{k}-{n}" for k, n in BUILTINS])
+def test_builtin_passes_the_conformance_kit(kind, name, tmp_path):
+    if (kind, name) in SKIP:
+        pytest.skip(SKIP[(kind, name)])
+    options, kwargs = TINY.get((kind, name), ({}, {}))
+    if callable(options):
+        options = options(tmp_path / "weights")
+    context = BuildContext(device="cpu", seed=0, run_dir=None, recipe_dir=tmp_path)
+    if (kind, name) not in TINY:  # a new built-in: try its defaults, and say how to cover it if they fail
+        spec = REGISTRY.get(kind, name)
+        try:
+            spec.factory(REGISTRY.validate_options(kind, name, {}), context)
+        except Exception as exc:  # noqa: BLE001 - any failure means "needs a tiny build"
+            pytest.skip(f"no tiny build of {kind} {name!r} in TINY ({type(exc).__name__}: {exc})")
+    report = check_component(kind, name, options, context, registry=REGISTRY, **kwargs)
+    expected = ADAPTER_CHECKS if kind == "adapter" else REWARD_CHECKS
+    assert sorted(report.passed) == sorted(expected), report.skipped
+
+
+# ------------------------------------------------------------------- a tiny adapter, one defect at a time
+
+
+class TinyConfig(PluginConfig):
+    side: int = 4
+
+
+class Encoder(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(256, 8)
+
+    def forward(self, prompts: list[str]) -> torch.Tensor:
+        return torch.stack([self.embed(torch.tensor(list(p.encode()))).mean(0) for p in prompts])  # [B, 8]
+
+
+class Denoiser(torch.nn.Module):
+    def __init__(self, n: int, defect: str | None) -> None:
+        super().__init__()
+        self.inp = torch.nn.Linear(n + 1 + 8, 32)
+        self.out = torch.nn.Linear(32, n)
+        self.extra = {
+            "dropout": torch.nn.Dropout(0.5),
+        }.get(defect or "", torch.nn.Identity())
+
+    def forward(self, z: torch.Tensor, t: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.extra(self.inp(torch.cat([z.flatten(1), t[:, None], c], 1))))
+        return self.out(h).reshape(z.shape)
+
+
+class TinyAdapter:
+    """A correct pixel-space adapter of ``[3, side, side]`` images unless ``defect`` names a bug."""
+
+    modality = "image"
+    lora_target_modules = ("inp", "out")
+
+    def __init__(self, side: int = 4, defect: str | None = None, seed: int = 0) -> None:
+        torch.manual_seed(seed)
+        self.side, self.defect = side, defect
+        self.encoder = Encoder()
+        if defect != "encoder_trainable":
+            self.encoder.requires_grad_(False)
+        self.denoiser = Denoiser(3 * side * side, defect)
+        self.gain = torch.nn.Linear(1, 1)  # outside the denoiser: must stay frozen
+        self.gain.requires_grad_(defect == "outside_param")
+        self.schedule = RectifiedFlowSchedule()
+        self._copy = copy.deepcopy(self.denoiser) if defect == "stale_copy" else None
+        self._cache: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def latent_shape(self) -> tuple[int, ...]:
+        return (3, self.side, self.side)
+
+    def encode_prompts(self, prompts):  # noqa: ANN001, ANN201
+        if self.defect == "encoder_trainable":
+            return {"c": self.encoder(list(prompts))}
+        with torch.no_grad():
+            c = self.encoder(list(prompts))
+        if self.defect == "cond_not_batch_first":
+            return {"c": c.unsqueeze(0).expand(2, *c.shape)}  # [2, B, 8]
+        return {"c": c}
+
+    def predict(self, z_t, t, cond):  # noqa: ANN001, ANN201
+        net = self._copy if self._copy is not None else self.denoiser
+        out = net(z_t, t.expand(z_t.shape[0]), cond["c"])
+        if self.defect == "outside_param":
+            out = out * self.gain.weight.squeeze()
+        if self.defect == "predict_flat":
+            out = out.flatten(1)
+        if self.defect == "batch_mixing":
+            out = out - 0.5 * out.mean(0, keepdim=True)
+        if self.defect == "memoized" and not torch.is_grad_enabled():  # stale results for a seen input
+            return self._cache.setdefault((z_t.data_ptr(), *z_t.shape), out)
+        return out
+
+    def sample(self, noise, cond, sampler):  # noqa: ANN001, ANN201
+        from vgrpo_platform.sampling import solve_flow_ode
+
+        if self.defect == "ignores_noise":
+            noise = torch.zeros_like(noise)
+        if self.defect == "sample_grad":
+            return solve_flow_ode(lambda z, t: self.predict(z, t, cond), noise, sampler)
+        with torch.no_grad():
+            return solve_flow_ode(lambda z, t: self.predict(z, t, cond), noise, sampler)
+
+    def decode(self, latents):  # noqa: ANN001, ANN201
+        if self.defect == "decode_range":
+            return Samples("image", (latents + 1) / 2 * 3)
+        if self.defect == "decode_modality":
+            return Samples("video", ((latents + 1) / 2).clamp(0, 1))
+        return Samples("image", ((latents + 1) / 2).clamp(0, 1))
+
+
+def tiny_factory(defect: str | None = None) -> Callable[[TinyConfig, Any], TinyAdapter]:
+    def factory(config: TinyConfig, context: Any) -> TinyAdapter:
+        seed = context.seed if defect != "unseeded" else int(torch.randint(0, 10**6, ()).item())
+        return TinyAdapter(config.side, defect, seed)
+
+    return factory
+
+
+KIT = dict(entry_module="vgrpo_platform.registry", sampler=SamplerSpec("euler", 3))
+
+
+def test_a_correct_adapter_passes_every_check():
+    report = check_adapter(tiny_factory(), TinyConfig(), **KIT)
+    assert report.passed == list(ADAPTER_CHECKS) and not report.skipped
+
+
+@pytest.mark.parametrize(
+    ("defect", "check", "message"),
+    [
+        ("encoder_trainable", "encode_prompts", "requires grad"),
+        ("cond_not_batch_first", "encode_prompts", "1 prompt.*has batch 2"),
+        ("predict_flat", "predict", "predict returned"),
+        ("dropout", "predict_deterministic", "max abs difference"),
+        ("batch_mixing", "predict_batch_independent", "one sample at a time"),
+        ("unseeded", "build_deterministic", "same config and context.seed"),
+        ("sample_grad", "sample", "requires grad"),
+        ("ignores_noise", "sample_deterministic", "ignores its noise"),
+        ("decode_range", "decode", r"must lie in \[0.0, 1.0\]"),
+        ("decode_modality", "decode", "declares 'image'"),
+        ("outside_param", "gradients_full", "outside the denoiser got gradients"),
+        ("stale_copy", "gradients_full", "no denoiser parameter gets a gradient"),
+        ("memoized", "reference_frozen", "does not change predict"),
+    ],
+)
+def test_each_adapter_check_catches_its_defect(defect, check, message):
+    with pytest.raises(AssertionError, match=rf"\[{check}\] .*{message}") as info:
+        check_adapter(tiny_factory(defect), TinyConfig(), **KIT)
+    assert "passed: entry_module_cheap" in str(info.value)  # the other checks still ran
+
+
+def test_a_built_adapter_is_checked_too_but_not_its_build():
+    report = check_adapter(TinyAdapter(), TinyConfig(), **KIT)
+    assert "build_deterministic" in report.skipped
+
+
+def test_unused_lora_targets_are_reported():
+    adapter = TinyAdapter()
+    adapter.denoiser.unused = torch.nn.Linear(2, 2)
+    adapter.lora_target_modules = ("inp", "out", "unused")
+    with pytest.raises(AssertionError, match=r"\[gradients_lora\] LoRA layers predict never uses.*unused"):
+        check_adapter(adapter, TinyConfig(), **KIT)
+
+
+def test_config_must_forbid_unknown_keys():
+    class Lenient(PluginConfig):
+        model_config = ConfigDict(extra="ignore")
+        side: int = 4
+
+    with pytest.raises(AssertionError, match=r"\[config_rejects_unknown_keys\] Lenient accepted"):
+        check_adapter(tiny_factory(), Lenient(), checks=["config_rejects_unknown_keys"])
+
+
+def test_entry_module_must_not_import_torch(tmp_path, monkeypatch):
+    (tmp_path / "heavy_entry.py").write_text("import torch.nn\n")
+    (tmp_path / "cheap_entry.py").write_text("import json\nfrom vgrpo_platform.hookspecs import hookimpl\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    check_entry_module_cheap("cheap_entry")
+    with pytest.raises(AssertionError, match="imports torch"):
+        check_entry_module_cheap("heavy_entry")
+
+
+def test_unknown_check_names_are_refused():
+    with pytest.raises(ValueError, match="unknown adapter check"):
+        check_adapter(tiny_factory(), TinyConfig(), checks=["predcit"])
+
+
+# -------------------------------------------------------------------- a tiny reward, one defect at a time
+
+
+class Mean:
+    """Mean pixel value, correct unless ``defect`` names a bug."""
+
+    def __init__(self, defect: str | None = None) -> None:
+        self.defect = defect
+        self.modalities = {"image"} if defect == "modalities_set" else frozenset({"image"})
+
+    def score(self, samples, prompts, metadata):  # noqa: ANN001, ANN201
+        x = samples.data.flatten(1).mean(1)  # [B]
+        match self.defect:
+            case "batch_normalised":
+                return x - x.mean()
+            case "column":
+                return x[:, None]
+            case "constant":
+                return torch.zeros_like(x)
+            case "nan":
+                return x / 0 * 0
+            case "random":
+                return x + torch.rand(x.shape)
+            case "inplace":
+                samples.data.mul_(0.5)
+            case "bad_detail":
+                return {"score": x, "detail": x[:1]}
+        return {"score": x, "std": samples.data.flatten(1).std(1)}
+
+
+@pytest.mark.parametrize(
+    ("defect", "check", "message"),
+    [
+        ("modalities_set", "attributes", "frozenset"),
+        ("column", "score", r"shape \(6, 1\)"),
+        ("nan", "score", "non-finite"),
+        ("bad_detail", "score", "diagnostic 'detail'"),
+        ("random", "score_deterministic", "twice"),
+        ("batch_normalised", "batch_consistent", "one by one"),
+        ("constant", "responds_to_input", "same score"),
+        ("inplace", "input_unchanged", "in place"),
+    ],
+)
+def test_each_reward_check_catches_its_defect(defect, check, message):
+    with pytest.raises(AssertionError, match=rf"\[{check}\] .*{message}"):
+        check_reward(Mean(defect), TinyConfig(), entry_module="vgrpo_platform.registry")
+
+
+def test_a_correct_reward_passes_and_other_modalities_need_samples():
+    report = check_reward(Mean(), TinyConfig(), entry_module="vgrpo_platform.registry")
+    assert report.passed == list(REWARD_CHECKS)
+    signal = Mean()
+    signal.modalities = frozenset({"signal"})
+    report = check_reward(signal, TinyConfig(), entry_module="vgrpo_platform.registry")
+    assert "score" in report.skipped and "pass samples=" in report.skipped["score"]
+    data = Samples("signal", torch.linspace(-1, 1, 12).reshape(3, 1, 4))
+    report = check_reward(signal, TinyConfig(), samples=data, entry_module="vgrpo_platform.registry")
+    assert report.passed == list(REWARD_CHECKS)
+
+
+def test_failure_message_is_readable():
+    with pytest.raises(AssertionError) as info:
+        check_reward(Mean("constant"), TinyConfig(), entry_module="vgrpo_platform.registry", label="'mean'")
+    text = str(info.value)
+    assert text.startswith("reward 'mean' failed 1 conformance check(s):")
+    assert textwrap.dedent(text).count("\n  [") == 1
