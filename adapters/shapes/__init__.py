@@ -1,0 +1,87 @@
+"""Entry module of the ``shapes`` adapter: options, registration and the ``pretrain-shapes`` command.
+
+The embedded default model: a tiny text-to-image flow model (the ``toy`` adapter's classes) that
+was pretrained on the procedural shapes world (``vgrpo_rewards.shapes.world``) and ships with the
+package in ``weights/``. It is loaded with ``from_pretrained`` like any checkpoint. No torch here:
+the heavy modules load in the factory and in the command's body.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from vgrpo_platform.hookspecs import hookimpl
+from vgrpo_platform.registry import PluginConfig
+
+WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
+"""The shipped model: ``transformer/``, ``text_encoder/``, ``tokenizer/`` (written by ``pretrain-shapes``)."""
+
+
+class Config(PluginConfig):
+    """Options of ``[adapter.options]`` for ``name = "shapes"``."""
+
+    model_path: str | None = Field(
+        None,
+        description="Folder with transformer/, text_encoder/ and tokenizer/ (e.g. written by "
+        "`vgrpo pretrain-shapes`; relative paths are resolved against the recipe's folder); "
+        "null = the model shipped with the package.",
+    )
+    resolution: int = Field(
+        32, ge=4, multiple_of=4, description="Image side in pixels (the shapes world's default size)."
+    )
+    shift: float = Field(
+        3.0, gt=0, description="Timestep shift of sampling and training; the shipped model was pretrained "
+        "with 3.0 (keep them equal)."
+    )
+
+
+def build(config: Config, context: Any) -> Any:
+    """Factory: imports torch, diffusers and transformers only when a run builds the adapter."""
+    from .impl import load_shapes_adapter
+
+    return load_shapes_adapter(config, context)
+
+
+@hookimpl
+def register_adapters(register):  # noqa: ANN001 - the host's Register callable
+    register(
+        "shapes",
+        build,
+        Config,
+        summary="Tiny text-to-image flow model pretrained on the shapes world, shipped with vgrpo (CPU).",
+    )
+
+
+@hookimpl
+def register_commands(app):  # noqa: ANN001 - the root typer.Typer
+    import typer
+
+    @app.command("pretrain-shapes")
+    def pretrain_shapes(
+        out: Path = typer.Option(..., "--out", help="Folder to write the model to (replaced if it exists)."),
+        steps: int | None = typer.Option(
+            None, "--steps", min=1, help="Optimiser steps; default: the shipped model's."
+        ),
+        minutes: float | None = typer.Option(
+            None, "--minutes", min=0, help="Wall-clock cap in minutes (stops early, before --steps)."
+        ),
+        seed: int = typer.Option(0, "--seed", help="Seed of the weights, prompts, layouts and noise."),
+        eval_seeds: int = typer.Option(
+            2, "--eval-seeds", min=0, help="Samples per prompt of the final evaluation (0 = skip it)."
+        ),
+    ) -> None:
+        """Pretrain the shapes-world model from scratch (flow matching) and report its accuracy.
+
+        With the defaults this reproduces the model shipped in vgrpo_adapters/shapes/weights.
+        """
+        import dataclasses
+
+        from .pretrain import PretrainConfig, pretrain
+
+        config = PretrainConfig(seed=seed, max_minutes=minutes)
+        if steps is not None:
+            config = dataclasses.replace(config, steps=steps)
+        pretrain(out, config, eval_seeds=tuple(range(eval_seeds)), log=typer.echo)
