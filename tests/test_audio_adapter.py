@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from diffusers import LongCatAudioDiTPipeline, LongCatAudioDiTTransformer, LongCatAudioDiTVae
+from diffusers import LongCatAudioDiTPipeline
 from diffusers.utils import logging as diffusers_logging
-from tiny_pipelines import t5_tokenizer
-from transformers import UMT5Config, UMT5EncoderModel
+from tiny_pipelines import AUDIO_HOP, AUDIO_LATENT_DIM, AUDIO_RATE, AUDIO_TOKENS, build_tiny_longcat
 from vgrpo_adapters import audio as audio_entry
 from vgrpo_adapters.audio import LongCatAudioConfig
 from vgrpo_adapters.audio.impl import LongCatAudioAdapter
@@ -36,50 +35,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 diffusers_logging.disable_progress_bar()
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
-RATE, HOP, LATENT_DIM, TOKENS, SECONDS = 8000, 64, 8, 12, 0.5
+RATE, HOP, LATENT_DIM, TOKENS, SECONDS = AUDIO_RATE, AUDIO_HOP, AUDIO_LATENT_DIM, AUDIO_TOKENS, 0.5
 LATENT = (LATENT_DIM, int(SECONDS * RATE // HOP))  # [8, 62]
 LONG_PROMPT = "a dog barking loudly in a large empty hall"  # longer than TOKENS: both sides truncate
-
-
-def build_tiny_longcat(folder: Path, seed: int = 0) -> Path:
-    """LongCat-AudioDiT at toy size; the VAE's ``downsampling_ratio`` equals its real hop (8 x 8)."""
-    tok = t5_tokenizer()
-    tok.model_max_length = TOKENS
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        encoder = UMT5EncoderModel(
-            UMT5Config(
-                vocab_size=len(tok),
-                d_model=32,
-                d_kv=8,
-                d_ff=37,
-                num_layers=1,
-                num_heads=4,
-                relative_attention_num_buckets=8,
-                pad_token_id=0,
-                eos_token_id=1,
-            )
-        )
-        vae = LongCatAudioDiTVae(
-            channels=4,
-            c_mults=[1, 2],
-            strides=[8, 8],
-            latent_dim=LATENT_DIM,
-            encoder_latent_dim=16,
-            downsampling_ratio=HOP,
-            sample_rate=RATE,
-        )
-        transformer = LongCatAudioDiTTransformer(
-            dit_dim=32, dit_depth=2, dit_heads=2, dit_text_dim=32, latent_dim=LATENT_DIM, ff_mult=2.0
-        )
-        with torch.no_grad():  # the model zero-initialises its output layers: give the toy a real output
-            for p in transformer.parameters():
-                if p.abs().sum() == 0 and p.ndim > 1:
-                    p.normal_(0, 0.05)
-    LongCatAudioDiTPipeline(
-        vae=vae, text_encoder=encoder, tokenizer=tok, transformer=transformer
-    ).save_pretrained(folder)
-    return folder
 
 
 def config(model: Path, **options) -> LongCatAudioConfig:

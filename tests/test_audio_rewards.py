@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 
 import pytest
 import torch
+from tiny_clip import save_clap
 from vgrpo_rewards import audio as audio_rewards
 from vgrpo_rewards.audio.impl import LoudnessReward, SilenceRatioReward, SpectralFlatnessReward
 
@@ -65,68 +65,11 @@ def test_registered_and_reject_non_audio() -> None:
         reward.score(Samples("image", torch.rand(1, 3, 4, 4)), ["a"], [])
 
 
-def tiny_clap(folder) -> None:  # noqa: ANN001
-    """A random ClapModel with a byte-level Roberta tokenizer and a small feature extractor, saved."""
-    from transformers import (
-        ClapAudioConfig,
-        ClapConfig,
-        ClapFeatureExtractor,
-        ClapModel,
-        ClapProcessor,
-        ClapTextConfig,
-        RobertaTokenizer,
-    )
-
-    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
-    chars = [chr(b) for b in printable] + [
-        chr(256 + i) for i in range(256 - len(printable))
-    ]  # GPT-2 byte map
-    vocab = {t: i for i, t in enumerate(["<s>", "<pad>", "</s>", "<unk>", *chars, "<mask>"])}
-    (folder / "vocab.json").write_text(json.dumps(vocab))
-    (folder / "merges.txt").write_text("#version: 0.2\n")
-    tokenizer = RobertaTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"))
-    extractor = ClapFeatureExtractor(
-        feature_size=16,
-        sampling_rate=16000,
-        hop_length=160,
-        max_length_s=1,
-        fft_window_size=256,
-        truncation="rand_trunc",
-    )
-    torch.manual_seed(0)
-    model = ClapModel(
-        ClapConfig(
-            text_config=ClapTextConfig(
-                vocab_size=len(vocab),
-                hidden_size=32,
-                num_hidden_layers=1,
-                num_attention_heads=2,
-                intermediate_size=37,
-                max_position_embeddings=64,
-            ),
-            audio_config=ClapAudioConfig(
-                spec_size=64,
-                num_mel_bins=16,
-                patch_embeds_hidden_size=8,
-                depths=[1, 1],
-                num_attention_heads=[2, 2],
-                window_size=4,
-                hidden_size=16,
-                patch_stride=(4, 4),
-                enable_fusion=False,
-            ),
-            projection_dim=8,
-        )
-    )
-    model.save_pretrained(folder)
-    ClapProcessor(feature_extractor=extractor, tokenizer=tokenizer).save_pretrained(folder)
-
-
 def test_clap_scores_cosine_similarity_of_its_own_embeddings(tmp_path) -> None:
     from transformers import ClapModel, ClapProcessor
 
     try:
-        tiny_clap(tmp_path)
+        save_clap(tmp_path)
     except Exception as exc:  # noqa: BLE001 - a tiny config this transformers rejects is a skip, not a bug here
         pytest.skip(f"tiny CLAP could not be built: {exc}")
     registry = collect_components(

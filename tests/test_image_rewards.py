@@ -14,8 +14,15 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from PIL import Image, ImageDraw, ImageFont
-from tiny_clip import TINY_OPEN_CLIP, save_aesthetic_head, save_clip, save_imagereward, save_open_clip_hps
+from PIL import Image
+from tiny_clip import (
+    TINY_OPEN_CLIP,
+    render_text,
+    save_aesthetic_head,
+    save_clip,
+    save_imagereward,
+    save_open_clip_hps,
+)
 from vgrpo_rewards import aesthetic, clipscore, hpsv2, imagereward, jpeg, ocr, pickscore
 
 from vgrpo_platform.errors import RewardError
@@ -383,12 +390,6 @@ def test_levenshtein_and_flow_grpo_rule() -> None:
     assert text_reward("zzzzzzzzzzzzzzzzzz", "open") == 0.0  # capped at len(target)
 
 
-def render(text: str) -> np.ndarray:
-    image = Image.new("RGB", (256, 96), "white")
-    ImageDraw.Draw(image).text((12, 30), text, fill="black", font=ImageFont.load_default(size=28))
-    return np.asarray(image)
-
-
 def test_ocr_reads_rendered_text(registry) -> None:
     pytest.importorskip("pytesseract", reason="pytesseract is not installed")
     import shutil
@@ -397,7 +398,12 @@ def test_ocr_reads_rendered_text(registry) -> None:
         pytest.skip("the tesseract binary is not installed (apt-get install tesseract-ocr)")
     reward = build(registry, "ocr")
     arrays = np.stack(
-        [render("open late"), render("opem lale"), render("closed"), np.full((96, 256, 3), 255, np.uint8)]
+        [
+            render_text("open late"),
+            render_text("opem lale"),
+            render_text("closed"),
+            np.full((96, 256, 3), 255, np.uint8),
+        ]
     )
     prompts = ['a neon sign that says "open late"'] * 4
     got = score(reward, arrays, prompts)

@@ -15,10 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
+from diffusers import WanPipeline
 from diffusers.utils import logging as diffusers_logging
-from tiny_pipelines import t5_tokenizer
-from transformers import UMT5Config, UMT5EncoderModel
+from tiny_pipelines import WAN_FRAMES, WAN_SIDE, WAN_TOKENS, build_tiny_wan
 from vgrpo_adapters import wan as wan_entry
 from vgrpo_adapters.wan import WanAdapterConfig
 from vgrpo_adapters.wan.impl import WanAdapter
@@ -37,58 +36,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 diffusers_logging.disable_progress_bar()
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
-SIDE, FRAMES, TOKENS = 32, 5, 16
+SIDE, FRAMES, TOKENS = WAN_SIDE, WAN_FRAMES, WAN_TOKENS
 LATENT = (4, 2, SIDE // 8, SIDE // 8)  # z_dim 4, (5 - 1) / 4 + 1 latent frames, 8x spatial
-
-
-def build_tiny_wan(folder: Path, seed: int = 0) -> Path:
-    """``WanPipeline`` at toy size (diffusers' own dummy-component shapes), UMT5 text encoder."""
-    tok = t5_tokenizer()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        encoder = UMT5EncoderModel(
-            UMT5Config(
-                vocab_size=len(tok),
-                d_model=32,
-                d_kv=8,
-                d_ff=37,
-                num_layers=1,
-                num_heads=4,
-                relative_attention_num_buckets=8,
-                pad_token_id=0,
-                eos_token_id=1,
-            )
-        )
-        pipe = WanPipeline(
-            tokenizer=tok,
-            text_encoder=encoder,
-            vae=AutoencoderKLWan(
-                base_dim=3,
-                z_dim=4,
-                dim_mult=[1, 1, 1, 1],
-                num_res_blocks=1,
-                temperal_downsample=[False, True, True],
-                latents_mean=[0.1, -0.2, 0.0, 0.3],
-                latents_std=[1.5, 0.8, 1.0, 2.0],
-            ),
-            transformer=WanTransformer3DModel(
-                patch_size=(1, 2, 2),
-                num_attention_heads=2,
-                attention_head_dim=12,
-                in_channels=4,
-                out_channels=4,
-                text_dim=32,
-                freq_dim=32,
-                ffn_dim=32,
-                num_layers=2,
-                cross_attn_norm=True,
-                qk_norm="rms_norm_across_heads",
-                rope_max_seq_len=32,
-            ),
-            scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
-        )
-    pipe.save_pretrained(folder)
-    return folder
 
 
 def config(model: Path, **options) -> WanAdapterConfig:

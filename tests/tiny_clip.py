@@ -1,11 +1,13 @@
 """Builders of tiny, randomly initialised reward models of the real classes, saved the way the real
-weights are shipped (so the rewards load them through their real loading code), for the tests."""
+weights are shipped (so the rewards load them through their real loading code), and inputs with known
+content (rendered text), for the tests."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import numpy as np
 import torch
 
 CHARS = "abcdefghijklmnopqrstuvwxyz0123456789.,!?'\"-"
@@ -185,3 +187,72 @@ def save_imagereward(folder: Path, **sizes: int) -> Path:
     (folder / "vocab.txt").write_text("\n".join(words) + "\n")
     BertTokenizer(str(folder / "vocab.txt")).save_pretrained(folder / "tokenizer")
     return folder
+
+
+def save_clap(folder: Path) -> Path:
+    """A random ``ClapModel`` + ``ClapProcessor`` (byte-level Roberta tokenizer, a small 16 kHz feature
+    extractor) saved in ``folder``."""
+    from transformers import (
+        ClapAudioConfig,
+        ClapConfig,
+        ClapFeatureExtractor,
+        ClapModel,
+        ClapProcessor,
+        ClapTextConfig,
+        RobertaTokenizer,
+    )
+
+    folder.mkdir(parents=True, exist_ok=True)
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    chars = [chr(b) for b in printable] + [
+        chr(256 + i) for i in range(256 - len(printable))
+    ]  # GPT-2 byte map
+    vocab = {t: i for i, t in enumerate(["<s>", "<pad>", "</s>", "<unk>", *chars, "<mask>"])}
+    (folder / "vocab.json").write_text(json.dumps(vocab))
+    (folder / "merges.txt").write_text("#version: 0.2\n")
+    tokenizer = RobertaTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"))
+    extractor = ClapFeatureExtractor(
+        feature_size=16,
+        sampling_rate=16000,
+        hop_length=160,
+        max_length_s=1,
+        fft_window_size=256,
+        truncation="rand_trunc",
+    )
+    torch.manual_seed(0)
+    model = ClapModel(
+        ClapConfig(
+            text_config=ClapTextConfig(
+                vocab_size=len(vocab),
+                hidden_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                intermediate_size=37,
+                max_position_embeddings=64,
+            ),
+            audio_config=ClapAudioConfig(
+                spec_size=64,
+                num_mel_bins=16,
+                patch_embeds_hidden_size=8,
+                depths=[1, 1],
+                num_attention_heads=[2, 2],
+                window_size=4,
+                hidden_size=16,
+                patch_stride=(4, 4),
+                enable_fusion=False,
+            ),
+            projection_dim=8,
+        )
+    )
+    model.save_pretrained(folder)
+    ClapProcessor(feature_extractor=extractor, tokenizer=tokenizer).save_pretrained(folder)
+    return folder
+
+
+def render_text(text: str) -> np.ndarray:
+    """``[96, 256, 3]`` uint8: ``text`` in black on white, large enough for tesseract to read."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    image = Image.new("RGB", (256, 96), "white")
+    ImageDraw.Draw(image).text((12, 30), text, fill="black", font=ImageFont.load_default(size=28))
+    return np.asarray(image)

@@ -1,4 +1,5 @@
-"""Tiny FLUX and SD3 pipelines built from configs, offline, saved in the diffusers folder layout.
+"""Tiny FLUX, SD3, Wan and LongCat-AudioDiT pipelines built from configs, offline, saved in the diffusers
+folder layout.
 
 Every component is the real library class at toy size (the shapes of diffusers' own
 ``get_dummy_components`` tests), so the adapters load them through the same
@@ -18,11 +19,17 @@ from pathlib import Path
 import torch
 from diffusers import (
     AutoencoderKL,
+    AutoencoderKLWan,
     FlowMatchEulerDiscreteScheduler,
     FluxPipeline,
     FluxTransformer2DModel,
+    LongCatAudioDiTPipeline,
+    LongCatAudioDiTTransformer,
+    LongCatAudioDiTVae,
     SD3Transformer2DModel,
     StableDiffusion3Pipeline,
+    WanPipeline,
+    WanTransformer3DModel,
 )
 from transformers import (
     CLIPTextConfig,
@@ -31,11 +38,15 @@ from transformers import (
     T5Config,
     T5EncoderModel,
     T5Tokenizer,
+    UMT5Config,
+    UMT5EncoderModel,
 )
 from vgrpo_adapters.toy.build import byte_level_tokenizer
 
 CLIP_TOKENS = 32  # CLIP's model_max_length in the tiny pipelines (77 in the real ones)
 RESOLUTION = 32  # the image side the tests use; latents are RESOLUTION / 2 per side
+WAN_SIDE, WAN_FRAMES, WAN_TOKENS = 32, 5, 16  # tiny Wan clips: latents [4, 2, 4, 4]
+AUDIO_RATE, AUDIO_HOP, AUDIO_LATENT_DIM, AUDIO_TOKENS = 8000, 64, 8, 12  # tiny LongCat-AudioDiT
 
 
 def t5_tokenizer() -> T5Tokenizer:
@@ -166,4 +177,87 @@ def build_tiny_sd3(folder: str | Path, seed: int = 0) -> Path:
             ),
         )
     pipe.save_pretrained(folder)
+    return Path(folder)
+
+
+def _umt5(vocab_size: int) -> UMT5EncoderModel:
+    return UMT5EncoderModel(
+        UMT5Config(
+            vocab_size=vocab_size,
+            d_model=32,
+            d_kv=8,
+            d_ff=37,
+            num_layers=1,
+            num_heads=4,
+            relative_attention_num_buckets=8,
+            pad_token_id=0,
+            eos_token_id=1,
+        )
+    )
+
+
+def build_tiny_wan(folder: str | Path, seed: int = 0) -> Path:
+    """``WanPipeline`` at toy size (diffusers' own dummy-component shapes), UMT5 text encoder."""
+    tok = t5_tokenizer()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        encoder = _umt5(len(tok))
+        pipe = WanPipeline(
+            tokenizer=tok,
+            text_encoder=encoder,
+            vae=AutoencoderKLWan(
+                base_dim=3,
+                z_dim=4,
+                dim_mult=[1, 1, 1, 1],
+                num_res_blocks=1,
+                temperal_downsample=[False, True, True],
+                latents_mean=[0.1, -0.2, 0.0, 0.3],
+                latents_std=[1.5, 0.8, 1.0, 2.0],
+            ),
+            transformer=WanTransformer3DModel(
+                patch_size=(1, 2, 2),
+                num_attention_heads=2,
+                attention_head_dim=12,
+                in_channels=4,
+                out_channels=4,
+                text_dim=32,
+                freq_dim=32,
+                ffn_dim=32,
+                num_layers=2,
+                cross_attn_norm=True,
+                qk_norm="rms_norm_across_heads",
+                rope_max_seq_len=32,
+            ),
+            scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+        )
+    pipe.save_pretrained(folder)
+    return Path(folder)
+
+
+def build_tiny_longcat(folder: str | Path, seed: int = 0) -> Path:
+    """LongCat-AudioDiT at toy size; the VAE's ``downsampling_ratio`` equals its real hop (8 x 8)."""
+    tok = t5_tokenizer()
+    tok.model_max_length = AUDIO_TOKENS
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        encoder = _umt5(len(tok))
+        vae = LongCatAudioDiTVae(
+            channels=4,
+            c_mults=[1, 2],
+            strides=[8, 8],
+            latent_dim=AUDIO_LATENT_DIM,
+            encoder_latent_dim=16,
+            downsampling_ratio=AUDIO_HOP,
+            sample_rate=AUDIO_RATE,
+        )
+        transformer = LongCatAudioDiTTransformer(
+            dit_dim=32, dit_depth=2, dit_heads=2, dit_text_dim=32, latent_dim=AUDIO_LATENT_DIM, ff_mult=2.0
+        )
+        with torch.no_grad():  # the model zero-initialises its output layers: give the toy a real output
+            for p in transformer.parameters():
+                if p.abs().sum() == 0 and p.ndim > 1:
+                    p.normal_(0, 0.05)
+    LongCatAudioDiTPipeline(
+        vae=vae, text_encoder=encoder, tokenizer=tok, transformer=transformer
+    ).save_pretrained(folder)
     return Path(folder)

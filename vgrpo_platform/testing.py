@@ -675,7 +675,10 @@ def _close(a: Any, b: Any, atol: float, what: str) -> None:
 
 
 def example_samples(modality: str, batch: int = 6, seed: int = 0) -> Any:
-    """Varied ``protocols.Samples`` of a known modality (flat colours, noise, halves), or None."""
+    """Varied ``protocols.Samples`` of a known modality (flat colours, noise, halves), or None.
+
+    Audio clips last 0.5 s (BS.1770 loudness needs one 0.4 s gating block) and every third one falls
+    silent halfway, so level-based rewards (loudness, silence ratio) see different inputs too."""
     import torch
 
     from vgrpo_platform.protocols import Samples
@@ -703,7 +706,7 @@ def example_samples(modality: str, batch: int = 6, seed: int = 0) -> Any:
         frames = torch.stack([data.roll(f, dims=-1) for f in range(4)], dim=1)  # [B, F, 3, H, W]
         return Samples("video", frames, fps=8.0)
     if modality == "audio":
-        rate, n = 16000, 1600
+        rate, n = 16000, 8000
         time = torch.arange(n) / rate
         rows = [
             torch.sin(2 * torch.pi * 110 * (i + 1) * time) * (0.2 + 0.1 * i)
@@ -711,6 +714,8 @@ def example_samples(modality: str, batch: int = 6, seed: int = 0) -> Any:
             else 0.5 * torch.randn(n, generator=g).clamp(-2, 2) / 2
             for i in range(batch)
         ]
+        for i in range(2, batch, 3):  # a sound that stops halfway
+            rows[i] = torch.cat([rows[i][: n // 2], torch.zeros(n - n // 2)])
         return Samples("audio", torch.stack(rows).unsqueeze(1), sample_rate=rate)  # [B, 1, S]
     return None
 
