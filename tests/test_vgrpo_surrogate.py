@@ -388,7 +388,7 @@ def test_plugin_registers_both_surrogates_with_their_defaults() -> None:
         seen[name] = (factory, config, summary)
 
     register_surrogates(register)
-    assert set(seen) == {"vgrpo", "elbo_naive"}
+    assert {"vgrpo", "elbo_naive"} <= set(seen)  # the baselines register here too (test_nft_awm.py)
     factory, config, summary = seen["vgrpo"]
     assert summary
     built = factory(config(), None)

@@ -151,7 +151,18 @@ class RolloutBatch:
 
 @runtime_checkable
 class Surrogate(Protocol):
-    """A stand-in for ``log pi_theta(o | c)`` and the policy loss built on it."""
+    """A stand-in for ``log pi_theta(o | c)`` and the policy loss built on it.
+
+    Optional methods the loop calls when present (the MDP and EMA baselines need them):
+
+    - ``begin_iteration(iteration: int) -> None``: before each training rollout (1-based iteration),
+      e.g. to place MixGRPO's sliding SDE window.
+    - ``rollout(adapter, noise [B, *L], cond, sampler, generator) -> (latents [B, *L], extras)``: used
+      instead of ``adapter.sample`` for training rollouts (never for evaluation), e.g. an SDE sampler
+      recording its trajectory ``[B, T+1, *L]``, timesteps ``[B, T+1]`` and old log-probs ``[B, T]``;
+      ``extras`` (batch-first) start ``batch.extras``, so micro-batching slices them.
+    - ``after_step(adapter) -> None``: after each optimiser step, e.g. to update an EMA old policy.
+    """
 
     def prepare(self, batch: RolloutBatch, adapter: Adapter, generator: torch.Generator) -> None:
         """At rollout time, without gradient: draw what the loss needs and store the old policy's

@@ -89,6 +89,7 @@ class LogSection(Section):
     checkpoint_every: int = Field(10, ge=0)  # iterations; 0 = only at the end
     keep_last: int = Field(3, ge=1)
     save_grids: bool = True
+    diagnostics_every: int = Field(10, ge=0)  # iterations between surrogate diagnostics (diag/*); 0 = off
 
 
 class Recipe(Section):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -24,6 +24,13 @@ def concat_samples(parts: Sequence[Samples]) -> Samples:
     )
 
 
+RolloutFn = Callable[
+    [Adapter, torch.Tensor, Conditioning, SamplerSpec, torch.Generator],
+    tuple[torch.Tensor, dict[str, torch.Tensor]],
+]
+"""A surrogate's own sampler (``Surrogate.rollout``): ``(latents [B, *L], extras {key: [B, ...]})``."""
+
+
 @torch.no_grad()
 def generate(
     adapter: Adapter,
@@ -41,14 +48,49 @@ def generate(
     ``B = len(prompts) * group_size``; samples of one prompt are contiguous. Noise is drawn on the
     CPU generator so a seed gives the same rollout on any device.
     """
+    return generate_with_extras(
+        adapter,
+        prompts,
+        group_size=group_size,
+        sampler=sampler,
+        generator=generator,
+        chunk_size=chunk_size,
+        device=device,
+    )[:5]
+
+
+@torch.no_grad()
+def generate_with_extras(
+    adapter: Adapter,
+    prompts: Sequence[str],
+    *,
+    group_size: int,
+    sampler: SamplerSpec,
+    generator: torch.Generator,
+    chunk_size: int,
+    device: torch.device | str,
+    rollout_fn: RolloutFn | None = None,
+) -> tuple[torch.Tensor, Conditioning, torch.Tensor, torch.Tensor, Samples, dict[str, torch.Tensor]]:
+    """``generate`` with an optional surrogate sampler (an SDE that records per-step log-probs).
+
+    With ``rollout_fn`` each chunk is sampled by it instead of ``adapter.sample``, drawing its step
+    noise from ``generator`` after the initial noise; its extras are concatenated along the batch.
+    Returns ``generate``'s tuple plus ``extras`` (empty without ``rollout_fn``).
+    """
     group_ids = torch.arange(len(prompts)).repeat_interleave(group_size)  # [B]
     cond = repeat_conditioning(adapter.encode_prompts(list(prompts)), group_ids)
     shape = (len(group_ids), *adapter.latent_shape())
     noise = torch.randn(shape, generator=generator).to(device)  # [B, *L]
-    latents, decoded = [], []
+    latents, decoded, extras = [], [], []
     for start in range(0, len(group_ids), chunk_size):
         part = slice(start, start + chunk_size)
-        x0 = adapter.sample(noise[part], {k: v[part] for k, v in cond.items()}, sampler)
+        cond_part = {k: v[part] for k, v in cond.items()}
+        if rollout_fn is None:
+            x0 = adapter.sample(noise[part], cond_part, sampler)
+        else:
+            x0, chunk_extras = rollout_fn(adapter, noise[part], cond_part, sampler, generator)
+            extras.append(chunk_extras)
         latents.append(x0)
         decoded.append(adapter.decode(x0))
-    return group_ids, cond, noise, torch.cat(latents), concat_samples(decoded)
+    merged = {k: torch.cat([e[k] for e in extras]) for k in extras[0]} if extras else {}
+    return group_ids, cond, noise, torch.cat(latents), concat_samples(decoded), merged

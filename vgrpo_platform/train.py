@@ -35,7 +35,7 @@ from vgrpo_platform.metrics import MetricsWriter, Progress
 from vgrpo_platform.prompt_sampler import PromptSampler
 from vgrpo_platform.protocols import BuildContext, RolloutBatch, SamplerSpec
 from vgrpo_platform.recipe import save_resolved
-from vgrpo_platform.rollout import generate
+from vgrpo_platform.rollout import generate, generate_with_extras
 from vgrpo_platform.scoring import score_all
 from vgrpo_platform.session import Session, build_session, fingerprint, resolve_device, run_dir_of
 
@@ -106,6 +106,7 @@ class Trainer:
         self.shuffle_rng = torch.Generator().manual_seed(seed + 2)
         self.start_iteration = 0
         self.elapsed = 0.0  # seconds of training before this process (resumed runs)
+        self.diagnostics_seconds = 0.0  # spent on log.diagnostics_every in this process, not in wall_seconds
         if resume:
             self._restore()
         if self.accelerator.is_main_process:
@@ -129,7 +130,8 @@ class Trainer:
                 iteration = self.start_iteration
                 for iteration in range(self.start_iteration + 1, total + 1):
                     record = self.iterate(iteration)
-                    record["wall_seconds"] = time.perf_counter() - t_start
+                    # wall-clock of the method: the optional diagnostics' seconds are left out
+                    record["wall_seconds"] = time.perf_counter() - t_start - self.diagnostics_seconds
                     self.metrics.write(record)
                     progress.update(iteration, _headline(record))
                     last = iteration == total
@@ -138,7 +140,7 @@ class Trainer:
                         progress.message(f"eval @{iteration}: reward {score:.4f}")
                     every = recipe.log.checkpoint_every
                     if last or stop.requested or (every and iteration % every == 0):
-                        self.save(iteration, time.perf_counter() - t_start)
+                        self.save(iteration, time.perf_counter() - t_start - self.diagnostics_seconds)
                     if stop.requested:
                         progress.message(
                             f"{stop.signal_name}: saved iteration {iteration}; continue with --resume"
@@ -159,7 +161,10 @@ class Trainer:
         t0 = time.perf_counter()
         prompts = self.prompts.next(recipe.rollout.prompts_per_iteration)
         sampler = SamplerSpec(recipe.rollout.sampler, recipe.rollout.steps)
-        group_ids, cond, _, latents, samples = generate(
+        begin = getattr(session.surrogate, "begin_iteration", None)  # optional surrogate hook
+        if begin is not None:
+            begin(iteration)
+        group_ids, cond, _, latents, samples, rollout_extras = generate_with_extras(
             adapter,
             prompts,
             group_size=recipe.rollout.group_size,
@@ -167,6 +172,7 @@ class Trainer:
             generator=self.rollout_rng,
             chunk_size=recipe.train.micro_batch_size,
             device=self.device,
+            rollout_fn=self._surrogate_rollout(),  # MDP baselines sample their own SDE
         )
         t1 = time.perf_counter()
         flat_prompts = [prompts[int(g)] for g in group_ids]
@@ -191,9 +197,13 @@ class Trainer:
             rewards=total_reward.to(self.device),
             reward_terms={k: v.to(self.device) for k, v in terms.items()},
             advantages=advantages.to(self.device),
+            extras=rollout_extras,
         )
         with self.accelerator.autocast():
             session.surrogate.prepare(batch, adapter, self.surrogate_rng)
+        t_diag = time.perf_counter()
+        diagnostics = self.diagnose(batch, iteration)
+        t_diag = time.perf_counter() - t_diag  # reported apart: not part of the method's training cost
         update = self.update(batch)
         t3 = time.perf_counter()
         record: dict[str, float] = {"kind": "train", "iteration": iteration, "epoch": self.prompts.epoch}
@@ -208,8 +218,12 @@ class Trainer:
         record["advantage_abs_max"] = advantages.abs().max().item()
         record["zero_std_fraction"] = zero_std_fraction(total_reward, group_ids)
         record.update(update)
+        record.update(diagnostics)
         record["lr"] = self.optimizer.param_groups[0]["lr"]
-        record.update(time_rollout=t1 - t0, time_reward=t2 - t1, time_train=t3 - t2, time_iteration=t3 - t0)
+        self.diagnostics_seconds += t_diag
+        time_train = t3 - t2 - t_diag
+        record.update(time_rollout=t1 - t0, time_reward=t2 - t1, time_train=time_train)
+        record["time_iteration"] = t3 - t0
         return record
 
     def update(self, batch: RolloutBatch) -> dict[str, float]:
@@ -246,7 +260,38 @@ class Trainer:
             grad_norms.append(float(self.accelerator.clip_grad_norm_(self.params, clip)))
             self.optimizer.step()
             self.lr_schedule.step()
+            after_step = getattr(self.session.surrogate, "after_step", None)  # e.g. an EMA old policy
+            if after_step is not None:
+                after_step(self.session.adapter)
         return {**sums, **extremes, "grad_norm": sum(grad_norms) / len(grad_norms), "gradient_steps": steps}
+
+    def _surrogate_rollout(self):  # noqa: ANN202 - rollout.RolloutFn or None
+        """The surrogate's own sampler, under the autocast of its ``loss`` (so on-policy ratios are 1)."""
+        rollout = getattr(self.session.surrogate, "rollout", None)
+        if rollout is None:
+            return None
+
+        def autocast_rollout(*args):  # noqa: ANN002, ANN202
+            with self.accelerator.autocast():
+                return rollout(*args)
+
+        return autocast_rollout
+
+    def diagnose(self, batch: RolloutBatch, iteration: int) -> dict[str, float]:
+        """The surrogate diagnostics every ``log.diagnostics_every`` iterations, before the update.
+
+        A generator of their own (seeded by the iteration) keeps the training RNG streams, and so
+        resumed runs, unchanged; surrogates without a per-sample ELBO surrogate give ``{}``. Their
+        time is left out of ``time_train`` and ``wall_seconds``, so methods compare on their own cost.
+        """
+        every = self.recipe.log.diagnostics_every
+        if not every or iteration % every:
+            return {}
+        from vgrpo_platform.diagnostics import measure_surrogate
+
+        generator = torch.Generator().manual_seed(self.recipe.run.seed + 3 + iteration)
+        with self.accelerator.autocast():
+            return measure_surrogate(self.session.surrogate, batch, self.session.adapter, generator)
 
     # ------------------------------------------------------------------------------------- evaluation
     @torch.no_grad()

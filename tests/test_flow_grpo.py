@@ -1,0 +1,264 @@
+"""Flow-GRPO / MixGRPO against independent computations: the SDE keeps the true marginals of a Gaussian
+flow, step log-probs and KLs equal torch.distributions', the on-policy ratio is 1, and the gradient
+equals that of a hand-written per-step objective."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributions import Independent, Normal, kl_divergence
+
+from vgrpo_platform import sde
+from vgrpo_platform.finetune import enable_full_finetune
+from vgrpo_platform.protocols import RolloutBatch, SamplerSpec
+from vgrpo_platform.schedules import RectifiedFlowSchedule
+from vgrpo_platform.surrogates.flow_grpo import FlowGRPOSurrogate, euler_grid, window_mask, window_start
+from vgrpo_platform.surrogates.plugin import FlowGRPOConfig
+
+DT = torch.float64
+
+
+class TinyAdapter:
+    """A linear velocity model on a ``[2, 3]`` latent."""
+
+    modality = "image"
+    lora_target_modules = ()
+
+    def __init__(self, shift: float = 2.0) -> None:
+        torch.manual_seed(0)
+        self.denoiser = torch.nn.Linear(6 + 1 + 2, 6).to(DT)
+        self.schedule = RectifiedFlowSchedule(shift=shift)
+
+    def latent_shape(self) -> tuple[int, ...]:
+        return (2, 3)
+
+    def predict(self, z_t: torch.Tensor, t: torch.Tensor, cond: dict[str, torch.Tensor]) -> torch.Tensor:
+        inp = torch.cat([z_t.flatten(1), t[:, None].to(z_t.dtype), cond["emb"]], dim=1)
+        return self.denoiser(inp).view_as(z_t)
+
+
+def gaussian_velocity(z: torch.Tensor, t: torch.Tensor, m: float, c: float) -> torch.Tensor:
+    """Exact ``E[eps - x0 | z_t = z]`` for data ``x0 ~ N(m, c^2)`` per element."""
+    var = (1 - t) ** 2 * c**2 + t**2
+    cov = t - (1 - t) * c**2
+    return -m + cov / var * (z - (1 - t) * m)
+
+
+def integrate(z, t0, t1, steps, m, c, a, g, *, corrected=True):  # noqa: ANN001
+    grid = torch.linspace(t0, t1, steps + 1, dtype=DT)
+    for i in range(steps):
+        t, tn = grid[i].expand(z.shape[0]), grid[i + 1].expand(z.shape[0])
+        v = gaussian_velocity(z, t[:, None], m, c)
+        s = sde.sde_diffusion(t, a)
+        mean = sde.sde_step_mean(z, v, t, tn, s) if corrected else sde.ode_step(z, v, t, tn)
+        z = mean + sde.step_std(s, t, tn)[:, None] * torch.randn(z.shape, generator=g, dtype=DT)
+    return z
+
+
+def test_sde_keeps_the_true_marginals_of_a_gaussian_flow_and_a_wrong_drift_does_not():
+    m, c, t0, t1, n = 0.7, 0.5, 0.8, 0.15, 40_000
+    g = torch.Generator().manual_seed(0)
+    std0 = math.sqrt((1 - t0) ** 2 * c**2 + t0**2)
+    z0 = (1 - t0) * m + std0 * torch.randn(n, 2, generator=g, dtype=DT)
+    mean1, var1 = (1 - t1) * m, (1 - t1) ** 2 * c**2 + t1**2  # the true marginal at t1
+    # tolerances: Monte-Carlo (var ratio sd ~0.005) plus Euler's O(dt) error (~0.02 for the ODE)
+    z1 = integrate(z0, t0, t1, 80, m, c, 0.7, g)
+    assert abs(float(z1.mean()) - mean1) < 0.015
+    assert abs(float(z1.var()) / var1 - 1) < 0.04
+    ode = integrate(z0, t0, t1, 80, m, c, 0.0, g)  # a = 0: the ODE, deterministic
+    assert abs(float(ode.var()) / var1 - 1) < 0.04
+    wrong = integrate(z0, t0, t1, 80, m, c, 0.7, g, corrected=False)  # noise without the score term
+    assert abs(float(wrong.var()) / var1 - 1) > 0.3
+
+
+def test_one_step_mean_and_variance_match_the_flow_grpo_formula_written_out():
+    g = torch.Generator().manual_seed(1)
+    z, v = torch.randn(3, 2, 3, generator=g, dtype=DT), torch.randn(3, 2, 3, generator=g, dtype=DT)
+    t, tn = torch.tensor([0.9, 0.5, 0.2], dtype=DT), torch.tensor([0.8, 0.4, 0.0], dtype=DT)
+    s = sde.sde_diffusion(t, 0.7)
+    assert torch.allclose(s, 0.7 * torch.sqrt(t / (1 - t)))
+    mean = sde.sde_step_mean(z, v, t, tn, s)
+    for i in range(3):
+        sig, dt, si = float(t[i]), float(tn[i] - t[i]), float(s[i])
+        # flow_grpo's sde_step_with_logprob, term by term
+        want = z[i] * (1 + si**2 / (2 * sig) * dt) + v[i] * (1 + si**2 * (1 - sig) / (2 * sig)) * dt
+        assert torch.allclose(mean[i], want)
+    assert torch.allclose(sde.step_std(s, t, tn), s * torch.sqrt(t - tn))
+    capped = sde.sde_diffusion(torch.ones(2, dtype=DT), 0.7, t_cap=0.9)
+    assert torch.allclose(capped, torch.full((2,), 0.7 * math.sqrt(1 / 0.1), dtype=DT))
+
+
+def test_log_prob_and_kl_equal_torch_distributions():
+    g = torch.Generator().manual_seed(2)
+    x, mu, mu_ref = (torch.randn(4, 2, 3, generator=g, dtype=DT) for _ in range(3))
+    t, tn = torch.tensor([0.9, 0.6, 0.3, 0.1], dtype=DT), torch.tensor([0.8, 0.5, 0.2, 0.0], dtype=DT)
+    s = sde.sde_diffusion(t, 0.7)
+    std = sde.step_std(s, t, tn)
+    want_lp = Normal(mu, std[:, None, None]).log_prob(x).mean(dim=(1, 2))
+    assert torch.allclose(sde.gaussian_log_prob(x, mu, std, 2), want_lp)
+    step = lambda mean: Independent(Normal(mean, std[:, None, None].expand_as(mean)), 2)  # noqa: E731
+    true_kl = kl_divergence(step(mu), step(mu_ref)) / 6  # per latent element
+    assert torch.allclose(sde.mean_kl(mu, mu_ref, s, t, tn, 2), true_kl)
+    flow_grpo_kl = sde.mean_kl(mu, mu_ref, s, t, tn, 2, include_dt=False)
+    assert torch.allclose(flow_grpo_kl, true_kl * (t - tn))
+
+
+def make_batch(
+    adapter: TinyAdapter, surrogate: FlowGRPOSurrogate, steps: int = 4, seed: int = 0
+) -> RolloutBatch:
+    g = torch.Generator().manual_seed(seed)
+    b = 4
+    cond = {"emb": torch.randn(b, 2, generator=g, dtype=DT)}
+    noise = torch.randn(b, 2, 3, generator=g, dtype=DT)
+    latents, extras = surrogate.rollout(adapter, noise, cond, SamplerSpec("euler", steps), g)
+    return RolloutBatch(
+        prompts=["p"] * b,
+        group_ids=torch.tensor([0, 0, 1, 1]),
+        cond=cond,
+        latents=latents,
+        rewards=torch.zeros(b, dtype=DT),
+        advantages=torch.tensor([1.5, -0.5, 7.0, -2.0], dtype=DT),
+        extras=extras,
+    )
+
+
+def test_rollout_records_a_trajectory_whose_log_probs_are_the_step_gaussians():
+    adapter = TinyAdapter()
+    surrogate = FlowGRPOSurrogate(FlowGRPOConfig(kl_beta=0.0))
+    batch = make_batch(adapter, surrogate)
+    traj, grid, old = batch.extras["trajectory"], batch.extras["timesteps"], batch.extras["old_log_prob"]
+    assert traj.shape == (4, 5, 2, 3) and old.shape == (4, 4) and torch.equal(traj[:, -1], batch.latents)
+    assert torch.allclose(grid[0], euler_grid(adapter, 4, "cpu").to(grid.dtype))
+    with torch.no_grad():
+        for j in range(4):
+            t, tn = grid[:, j].to(DT), grid[:, j + 1].to(DT)
+            v = adapter.predict(traj[:, j], t, batch.cond)
+            s = 0.7 * torch.sqrt(t / (1 - t.clamp_max(grid[0, 1].to(DT))))
+            mean = (
+                traj[:, j]
+                + (
+                    v
+                    + s[:, None, None] ** 2
+                    / (2 * t[:, None, None])
+                    * (traj[:, j] + (1 - t[:, None, None]) * v)
+                )
+                * (tn - t)[:, None, None]
+            )
+            std = s * torch.sqrt(t - tn)
+            want = Normal(mean, std[:, None, None]).log_prob(traj[:, j + 1]).mean(dim=(1, 2))
+            assert torch.allclose(old[:, j], want, atol=1e-5), j
+
+
+def test_on_policy_ratio_is_exactly_one_and_the_gradient_is_the_per_step_policy_gradient():
+    adapter = TinyAdapter()
+    surrogate = FlowGRPOSurrogate(FlowGRPOConfig(kl_beta=0.0))
+    batch = make_batch(adapter, surrogate)
+    loss, metrics = surrogate.loss(batch, adapter)
+    assert metrics["ratio_min"] == pytest.approx(1.0, abs=1e-12)
+    assert metrics["ratio_max"] == pytest.approx(1.0, abs=1e-12)
+    assert metrics["clip_fraction"] == 0.0
+    params = list(adapter.denoiser.parameters())
+    got = torch.autograd.grad(loss, params)
+    # independent: -mean_{i,j} clamp(A_i) log N(x_{j+1}; mu_theta, std) with torch.distributions
+    traj, grid = batch.extras["trajectory"], batch.extras["timesteps"].to(DT)
+    adv = batch.advantages.clamp(-5, 5)
+    total = 0.0
+    for j in range(4):
+        t, tn = grid[:, j], grid[:, j + 1]
+        v = adapter.predict(traj[:, j], t, batch.cond)
+        s = sde.sde_diffusion(t, 0.7, t_cap=grid[:, 1])
+        mean = sde.sde_step_mean(traj[:, j], v, t, tn, s)
+        lp = Normal(mean, (s * torch.sqrt(t - tn))[:, None, None]).log_prob(traj[:, j + 1]).mean(dim=(1, 2))
+        total = total - (adv * lp).mean() / 4
+    want = torch.autograd.grad(total, params)
+    for a, b in zip(got, want, strict=True):
+        assert torch.allclose(a, b, rtol=1e-6, atol=1e-9)
+
+
+def test_kl_term_equals_the_gaussian_kl_to_the_reference():
+    adapter = TinyAdapter()
+    enable_full_finetune(adapter.denoiser)  # the reference = these initial weights
+    surrogate = FlowGRPOSurrogate(FlowGRPOConfig(kl_beta=0.5))
+    batch = make_batch(adapter, surrogate)
+    with torch.no_grad():
+        for p in adapter.denoiser.parameters():
+            p.add_(0.05)
+    ref_adapter = TinyAdapter()  # same seed: the initial weights
+    surrogate.prepare(batch, adapter, torch.Generator())
+    _, metrics = surrogate.loss(batch, adapter)
+    traj, grid = batch.extras["trajectory"], batch.extras["timesteps"].to(DT)
+    kls = []
+    with torch.no_grad():
+        for j in range(4):
+            t, tn = grid[:, j], grid[:, j + 1]
+            s = sde.sde_diffusion(t, 0.7, t_cap=grid[:, 1])
+            std = (s * torch.sqrt(t - tn))[:, None, None].expand(4, 2, 3)
+            means = [
+                sde.sde_step_mean(traj[:, j], a.predict(traj[:, j], t, batch.cond), t, tn, s)
+                for a in (adapter, ref_adapter)
+            ]
+            kls.append(
+                kl_divergence(Independent(Normal(means[0], std), 2), Independent(Normal(means[1], std), 2))
+                / 6
+            )
+    want = float(torch.stack(kls).mean())
+    assert want > 1e-6
+    assert metrics["kl"] == pytest.approx(want, rel=1e-6)
+
+
+def test_mixgrpo_window_moves_and_only_window_steps_are_stochastic_and_trained():
+    cfg = FlowGRPOConfig(window_size=3, window_shift_every=2, window_stride=1, kl_beta=0.0)
+    assert [window_start(i, 6, cfg) for i in range(1, 11)] == [0, 0, 1, 1, 2, 2, 3, 3, 0, 0]
+    assert window_mask(6, 3, 2).tolist() == [False, False, True, True, True, False]
+    assert window_mask(6, None, 0).all()
+    adapter = TinyAdapter()
+    surrogate = FlowGRPOSurrogate(cfg)
+    surrogate.begin_iteration(5)  # window = steps 2, 3, 4
+    a, b = make_batch(adapter, surrogate, steps=6, seed=0), make_batch(adapter, surrogate, steps=6, seed=0)
+    assert torch.equal(a.extras["trajectory"], b.extras["trajectory"])  # same seed, same rollout
+    g = torch.Generator().manual_seed(9)
+    noise, cond = a.extras["trajectory"][:, 0], a.cond
+    _, other = surrogate.rollout(adapter, noise, cond, SamplerSpec("euler", 6), g)
+    ta, tb = a.extras["trajectory"], other["trajectory"]
+    assert torch.equal(ta[:, :3], tb[:, :3])  # ODE steps 0, 1 ignore the step noise
+    assert not torch.allclose(ta[:, 3], tb[:, 3])  # step 2 is an SDE step
+    assert a.extras["sde_mask"][0].tolist() == [0, 0, 1, 1, 1, 0]
+    assert torch.all(a.extras["old_log_prob"][:, [0, 1, 5]] == 0)
+    _, metrics = surrogate.loss(a, adapter)
+    assert metrics["sde_steps"] == 3.0
+
+
+def test_flow_grpo_trains_through_the_loop_with_its_own_sde_rollout(tmp_path):
+    from vgrpo_platform.metrics import read_metrics
+    from vgrpo_platform.recipe import resolve_recipe
+    from vgrpo_platform.train import Trainer
+
+    toy = Path(__file__).resolve().parents[1] / "recipes" / "toy.toml"
+    overrides = [
+        f"run.output_dir={tmp_path.as_posix()!r}",
+        "surrogate.name='flow_grpo'",
+        "surrogate.options.window_size=2",
+        "log.progress='none'",
+        "log.save_grids=false",
+        "log.diagnostics_every=1",
+        "train.iterations=2",
+        "train.gradient_steps_per_iteration=2",
+        "train.micro_batch_size=2",
+        "eval.every=0",
+        "eval.max_prompts=1",
+        "eval.samples_per_prompt=1",
+        "rollout.group_size=4",
+        "rollout.prompts_per_iteration=1",
+        "rollout.steps=3",
+    ]
+    trainer = Trainer(resolve_recipe(toy, overrides))
+    before = {k: p.detach().clone() for k, p in trainer.session.trainable.items()}
+    run_dir = trainer.run()
+    assert any(not torch.equal(p.detach(), before[k]) for k, p in trainer.session.trainable.items())
+    records = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "train"]
+    assert [r["sde_steps"] for r in records] == [2.0, 2.0]  # MixGRPO window of 2 of the 3 steps
+    assert all(r["kl"] >= 0 and math.isfinite(r["loss"]) for r in records)
+    assert not any(k.startswith("diag/") for k in records[-1])  # MDP: no ELBO diagnostics
