@@ -317,3 +317,42 @@ class DiffusersFlowAdapter:
             }
         info.update(base_model=base, resolution=self.resolution, shift=self.schedule.shift)
         (out / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n")
+
+
+class TrueCFGMixin:
+    """True classifier-free guidance, shared by the adapters that offer it (SD3, Wan, LongCat audio).
+
+    Rollouts are guided when ``cfg_scale > 1``; the policy's own predictions (what the surrogate
+    trains) only when ``cfg_in_training`` is set too. Subclasses say what the unconditional branch
+    sees in ``null_conditioning``. Put the mixin before ``DiffusersFlowAdapter`` in the bases.
+    """
+
+    cfg_scale: float
+    cfg_in_training: bool
+
+    @property
+    def uses_cfg(self) -> bool:
+        return self.cfg_scale > 1.0
+
+    def null_conditioning(self, cond: Conditioning, batch: int) -> Conditioning:
+        """The unconditional branch's conditioning, batch-first ``[batch, ...]`` like ``cond``."""
+        raise NotImplementedError
+
+    def guided_velocity(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+        """``v_null + s (v_cond - v_null)`` from one network call on the doubled batch ``[2B, ...]``."""
+        batch = z.shape[0]
+        null = self.null_conditioning(cond, batch)
+        both = {k: torch.cat([null[k].to(self.device), cond[k].to(self.device)]) for k in cond}
+        t = t.to(device=z.device, dtype=torch.float32).expand(batch)
+        v_null, v_cond = self._transformer(torch.cat([z, z]), torch.cat([t, t]), both).chunk(2)
+        return (v_null + self.cfg_scale * (v_cond - v_null)).to(z.dtype)
+
+    def predict(self, z_t: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+        if self.uses_cfg and self.cfg_in_training:
+            return self.guided_velocity(z_t, t, cond)
+        return super().predict(z_t, t, cond)
+
+    def _rollout_velocity(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+        if self.uses_cfg:
+            return self.guided_velocity(z, t, cond)
+        return super().predict(z, t, cond)

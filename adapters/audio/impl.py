@@ -17,14 +17,20 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from diffusers import LongCatAudioDiTPipeline
-from vgrpo_adapters._diffusers_common import EXPORT_INFO, DiffusersFlowAdapter, PromptCache, static_shift
+from vgrpo_adapters._diffusers_common import (
+    EXPORT_INFO,
+    DiffusersFlowAdapter,
+    PromptCache,
+    TrueCFGMixin,
+    static_shift,
+)
 
 from vgrpo_platform.finetune import uses_lora
 from vgrpo_platform.protocols import Conditioning, Samples
 from vgrpo_platform.schedules import RectifiedFlowSchedule
 
 
-class LongCatAudioAdapter(DiffusersFlowAdapter):
+class LongCatAudioAdapter(TrueCFGMixin, DiffusersFlowAdapter):
     """LongCat-AudioDiT DiT (trained) + waveform VAE and UMT5 (frozen), optional CFG against empty text."""
 
     modality = "audio"
@@ -117,31 +123,12 @@ class LongCatAudioAdapter(DiffusersFlowAdapter):
         return -out.transpose(1, 2)
 
     # --------------------------------------------------------------------------------------- CFG
-    @property
-    def uses_cfg(self) -> bool:
-        return self.cfg_scale > 1.0
-
-    def guided_velocity(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
-        """``v_null + s (v_cond - v_null)``; the null condition is zero text states with the prompt's mask,
-        the pipeline's default when no negative prompt is given."""
-        null = {
+    def null_conditioning(self, cond: Conditioning, batch: int) -> Conditioning:
+        """Zero text states with the prompt's mask: the pipeline's default without a negative prompt."""
+        return {
             "prompt_embeds": torch.zeros_like(cond["prompt_embeds"]),
             "prompt_lengths": cond["prompt_lengths"],
         }
-        both = {k: torch.cat([null[k], cond[k]]).to(self.device) for k in cond}
-        t = t.to(device=z.device, dtype=torch.float32).expand(z.shape[0])
-        v_null, v_cond = self._transformer(torch.cat([z, z]), torch.cat([t, t]), both).chunk(2)
-        return (v_null + self.cfg_scale * (v_cond - v_null)).to(z.dtype)
-
-    def predict(self, z_t: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
-        if self.uses_cfg and self.cfg_in_training:
-            return self.guided_velocity(z_t, t, cond)
-        return super().predict(z_t, t, cond)
-
-    def _rollout_velocity(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
-        if self.uses_cfg:
-            return self.guided_velocity(z, t, cond)
-        return super().predict(z, t, cond)
 
     # ------------------------------------------------------------------------------------ decode
     @torch.no_grad()

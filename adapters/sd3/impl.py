@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 from diffusers import StableDiffusion3Pipeline
-from vgrpo_adapters._diffusers_common import DiffusersFlowAdapter
+from vgrpo_adapters._diffusers_common import DiffusersFlowAdapter, TrueCFGMixin
 
 from vgrpo_platform.protocols import Conditioning
 
@@ -21,7 +21,7 @@ TIMESTEP_SCALE = 1000.0
 """SD3's transformer embeds ``timestep = 1000 sigma`` (the scheduler's ``timesteps``)."""
 
 
-class SD3Adapter(DiffusersFlowAdapter):
+class SD3Adapter(TrueCFGMixin, DiffusersFlowAdapter):
     """SD3 MMDiT (trained) + VAE, CLIP-L, CLIP-G and T5-XXL (frozen), optional true CFG."""
 
     pipeline_class = StableDiffusion3Pipeline
@@ -104,29 +104,7 @@ class SD3Adapter(DiffusersFlowAdapter):
             return_dict=False,
         )[0]
 
-    @property
-    def uses_cfg(self) -> bool:
-        return self.cfg_scale > 1.0
-
-    def guided_velocity(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
-        """``v_neg + s (v_cond - v_neg)`` from one network call on the doubled batch ``[2B, ...]``."""
-        batch = z.shape[0]
-        negative = self.encode_prompts([self.negative_prompt])  # [1, ...], cached
-        both = {
-            k: torch.cat([negative[k].expand(batch, *negative[k].shape[1:]), cond[k].to(self.device)])
-            for k in cond
-        }
-        t = t.to(device=z.device, dtype=torch.float32).expand(batch)
-        v_neg, v_cond = self._transformer(torch.cat([z, z]), torch.cat([t, t]), both).chunk(2)
-        return (v_neg + self.cfg_scale * (v_cond - v_neg)).to(z.dtype)
-
-    def predict(self, z_t: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
-        """The policy's velocity ``[B, C, h, w]``: guided only when ``cfg_in_training`` (and CFG is on)."""
-        if self.uses_cfg and self.cfg_in_training:
-            return self.guided_velocity(z_t, t, cond)
-        return super().predict(z_t, t, cond)
-
-    def _rollout_velocity(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
-        if self.uses_cfg:
-            return self.guided_velocity(z, t, cond)
-        return super().predict(z, t, cond)
+    def null_conditioning(self, cond: Conditioning, batch: int) -> Conditioning:
+        """The negative prompt's encoding (cached), repeated over the batch."""
+        negative = self.encode_prompts([self.negative_prompt])  # [1, ...]
+        return {k: negative[k].expand(batch, *negative[k].shape[1:]) for k in cond}

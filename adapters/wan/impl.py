@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 from diffusers import WanPipeline
-from vgrpo_adapters._diffusers_common import DiffusersFlowAdapter, PromptCache, static_shift
+from vgrpo_adapters._diffusers_common import DiffusersFlowAdapter, PromptCache, TrueCFGMixin, static_shift
 
 from vgrpo_platform.protocols import Conditioning, Samples
 from vgrpo_platform.schedules import RectifiedFlowSchedule
@@ -36,7 +36,7 @@ def wan_shift(scheduler_config: Any) -> float:
     return static_shift(scheduler_config, 0)
 
 
-class WanAdapter(DiffusersFlowAdapter):
+class WanAdapter(TrueCFGMixin, DiffusersFlowAdapter):
     """Wan 3D DiT (trained) + video VAE and UMT5 (frozen), optional true CFG."""
 
     modality = "video"
@@ -161,32 +161,10 @@ class WanAdapter(DiffusersFlowAdapter):
         )[0]
 
     # --------------------------------------------------------------------------------------- CFG
-    @property
-    def uses_cfg(self) -> bool:
-        return self.cfg_scale > 1.0
-
-    def guided_velocity(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
-        """``v_neg + s (v_cond - v_neg)`` from one network call on the doubled batch ``[2B, ...]``."""
-        batch = z.shape[0]
-        negative = self.encode_prompts([self.negative_prompt])  # [1, ...], cached
-        both = {
-            k: torch.cat([negative[k].expand(batch, *negative[k].shape[1:]), cond[k].to(self.device)])
-            for k in cond
-        }
-        t = t.to(device=z.device, dtype=torch.float32).expand(batch)
-        v_neg, v_cond = self._transformer(torch.cat([z, z]), torch.cat([t, t]), both).chunk(2)
-        return (v_neg + self.cfg_scale * (v_cond - v_neg)).to(z.dtype)
-
-    def predict(self, z_t: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
-        """Velocity ``[B, C, f, h, w]``: guided only when ``cfg_in_training`` (and CFG is on)."""
-        if self.uses_cfg and self.cfg_in_training:
-            return self.guided_velocity(z_t, t, cond)
-        return super().predict(z_t, t, cond)
-
-    def _rollout_velocity(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
-        if self.uses_cfg:
-            return self.guided_velocity(z, t, cond)
-        return super().predict(z, t, cond)
+    def null_conditioning(self, cond: Conditioning, batch: int) -> Conditioning:
+        """The negative prompt's encoding (cached), repeated over the batch."""
+        negative = self.encode_prompts([self.negative_prompt])  # [1, ...]
+        return {k: negative[k].expand(batch, *negative[k].shape[1:]) for k in cond}
 
     # ------------------------------------------------------------------------------------ decode
     @torch.no_grad()
