@@ -153,3 +153,41 @@ def test_shipped_recipe_passes_check_with_the_audio_rewards() -> None:
         resolved.recipe.adapter.name == "longcat_audio" and not resolved.recipe.train.gradient_checkpointing
     )
     assert [r.key for r in resolved.rewards] == ["clap", "silence_ratio", "loudness"]
+
+
+def test_v_grpo_moves_the_held_out_loudness_toward_its_target(model_dir, tmp_path) -> None:
+    """The tiny VAE's loudness follows the latent scale (about -17 LUFS at 0.25x, -7 at 1x), so a few
+    V-GRPO steps toward -20 LUFS must make the held-out clips (same eval seeds) quieter.
+    Measured eval reward at 0 -> 4 (run seeds 0/1/2): -13.17 -> -12.48 / -11.41 / -11.35."""
+    registry = collect_components(
+        build_plugin_manager(
+            load_entry_points=False, extra_plugins=[audio_entry, audio_rewards, surrogates_plugin]
+        )
+    )
+    overrides = [
+        f'adapter.options.model="{model_dir}"',
+        f"adapter.options.duration_s={SECONDS}",
+        f"adapter.options.max_sequence_length={TOKENS}",
+        'rewards=[{name="loudness", options={target_lufs=-20.0}}]',
+        "run.device=cpu",
+        "run.mixed_precision=no",
+        "run.seed=0",
+        f'run.output_dir="{tmp_path}"',
+        "log.progress=none",
+        "log.save_grids=false",
+        "rollout.group_size=8",
+        "rollout.prompts_per_iteration=1",
+        "rollout.steps=2",
+        "train.iterations=4",
+        "train.micro_batch_size=8",
+        "train.lr=1e-2",
+        "train.lora_rank=4",
+        "eval.every=0",
+        "eval.samples_per_prompt=4",
+        "eval.max_prompts=1",
+    ]
+    run_dir = Trainer(resolve_recipe(RECIPES / "audio_clap.toml", overrides, registry=registry)).run()
+    evals = [rec for rec in read_metrics(run_dir / "metrics.jsonl") if rec["kind"] == "eval"]
+    assert [rec["iteration"] for rec in evals] == [0, 4]
+    before, after = evals[0]["reward"], evals[-1]["reward"]
+    assert after > before + 0.3, (before, after)  # in LU; the smallest measured gain was 0.68

@@ -175,3 +175,45 @@ def test_shipped_recipe_passes_check_with_the_video_rewards() -> None:
     assert resolved.adapter.config.num_frames == 33 and resolved.recipe.train.gradient_checkpointing
     # the frame-wise reward's inner options are those of the image reward it names
     registry.validate_options("reward", "pickscore", resolved.rewards[0].config.options)
+
+
+def test_v_grpo_raises_the_held_out_brightness_with_a_responsive_vae(tmp_path) -> None:
+    """With a decoder whose clip brightness follows the latents (``responsive_vae``; the default random
+    one decodes nearly the same brightness for every latent), a few V-GRPO steps toward brighter clips
+    must raise the held-out brightness (same eval seeds before and after).
+    Measured eval reward at 0 -> 4 (run seeds 0/1/2): 0.593 -> 0.989 / 0.994 / 0.993."""
+    model_dir = build_tiny_wan(tmp_path / "pipe", responsive_vae=True)
+    registry = collect_components(
+        build_plugin_manager(
+            load_entry_points=False, extra_plugins=[wan_entry, toy_rewards, surrogates_plugin]
+        )
+    )
+    overrides = [
+        f'adapter.options.model="{model_dir}"',
+        f"adapter.options.resolution={SIDE}",
+        f"adapter.options.num_frames={FRAMES}",
+        f"adapter.options.max_sequence_length={TOKENS}",
+        'rewards=[{name="brightness"}]',
+        "run.device=cpu",
+        "run.mixed_precision=no",
+        "run.seed=0",
+        f'run.output_dir="{tmp_path}"',
+        "log.progress=none",
+        "log.save_grids=false",
+        "rollout.group_size=8",
+        "rollout.prompts_per_iteration=1",
+        "rollout.steps=2",
+        "train.iterations=4",
+        "train.micro_batch_size=8",
+        "train.lr=1e-2",
+        "train.lora_rank=4",
+        "train.gradient_checkpointing=false",
+        "eval.every=0",
+        "eval.samples_per_prompt=8",
+        "eval.max_prompts=1",
+    ]
+    run_dir = Trainer(resolve_recipe(RECIPES / "wan_pickscore.toml", overrides, registry=registry)).run()
+    evals = [rec for rec in read_metrics(run_dir / "metrics.jsonl") if rec["kind"] == "eval"]
+    assert [rec["iteration"] for rec in evals] == [0, 4]
+    before, after = evals[0]["reward"], evals[-1]["reward"]
+    assert after > before + 0.2, (before, after)  # the smallest measured gain was 0.40

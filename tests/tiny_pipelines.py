@@ -196,24 +196,52 @@ def _umt5(vocab_size: int) -> UMT5EncoderModel:
     )
 
 
-def build_tiny_wan(folder: str | Path, seed: int = 0) -> Path:
-    """``WanPipeline`` at toy size (diffusers' own dummy-component shapes), UMT5 text encoder."""
+def _make_wan_decoder_responsive(vae: AutoencoderKLWan, gain: float = 5.0) -> None:
+    """Turn the random decoder into a smooth, monotone map so that clip brightness follows the latents.
+
+    A random tiny decoder squeezes every upsampling stage to one channel, ends on a per-pixel RMS norm,
+    and its biases dominate: the decoded brightness then varies by ~1e-4 between latents. Here the
+    residual branches are zeroed (each block is its skip path), biases dropped and the remaining
+    weights made non-negative, so the pre-norm feature is a positive-weighted local sum of the latents;
+    the RMS norm keeps its sign and ``conv_out`` (all weights ``gain / 81``) maps it to near black or
+    white. Clip brightness then spans [0, 1] across noise draws and rises with the latent mean.
+    """
+    with torch.no_grad():
+        for name, module in [*vae.decoder.named_modules(), ("post_quant_conv", vae.post_quant_conv)]:
+            weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
+            if isinstance(weight, torch.nn.Parameter):
+                zero = name.endswith(("conv2", ".proj"))  # last layer of a residual / attention branch
+                weight.zero_() if zero else weight.abs_()
+            if isinstance(bias, torch.nn.Parameter) and not name.endswith("norm_out"):
+                bias.zero_()
+        vae.decoder.conv_out.weight.fill_(gain / vae.decoder.conv_out.weight[0].numel())
+
+
+def build_tiny_wan(folder: str | Path, seed: int = 0, responsive_vae: bool = False) -> Path:
+    """``WanPipeline`` at toy size (diffusers' own dummy-component shapes), UMT5 text encoder.
+
+    ``responsive_vae``: a decoder whose clip brightness follows the latents (see
+    ``_make_wan_decoder_responsive``), for tests that a signal-level reward moves under training.
+    """
     tok = t5_tokenizer()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         encoder = _umt5(len(tok))
+        vae = AutoencoderKLWan(
+            base_dim=3,
+            z_dim=4,
+            dim_mult=[1, 1, 1, 1],
+            num_res_blocks=1,
+            temperal_downsample=[False, True, True],
+            latents_mean=[0.1, -0.2, 0.0, 0.3],
+            latents_std=[1.5, 0.8, 1.0, 2.0],
+        )
+        if responsive_vae:
+            _make_wan_decoder_responsive(vae)
         pipe = WanPipeline(
             tokenizer=tok,
             text_encoder=encoder,
-            vae=AutoencoderKLWan(
-                base_dim=3,
-                z_dim=4,
-                dim_mult=[1, 1, 1, 1],
-                num_res_blocks=1,
-                temperal_downsample=[False, True, True],
-                latents_mean=[0.1, -0.2, 0.0, 0.3],
-                latents_std=[1.5, 0.8, 1.0, 2.0],
-            ),
+            vae=vae,
             transformer=WanTransformer3DModel(
                 patch_size=(1, 2, 2),
                 num_attention_heads=2,
