@@ -89,6 +89,16 @@ def _framewise_clipscore(folder: Path) -> dict[str, Any]:
     return {"reward": "clipscore", "options": _tiny_clip(False)(folder)}
 
 
+def _reference_clip(folder: Path) -> dict[str, Any]:
+    """A 32 px reference mp4 with a moving gradient (decord mis-reads very small frames)."""
+    from vgrpo_platform.media import write_video
+
+    folder.mkdir(parents=True, exist_ok=True)
+    ramp = torch.linspace(0, 1, 32)
+    clip = torch.stack([(ramp + f / 6).remainder(1).expand(3, 32, 32) for f in range(6)])  # [6, 3, 32, 32]
+    return {"path": str(write_video(clip, folder / "reference.mp4", fps=8)), "pool": 8}
+
+
 def _ocr_inputs() -> dict[str, Any]:
     """Rendered text that reads right and a blank sign, against the prompt's quoted target (tesseract
     takes ~0.5 s an image and the kit reads each one 7 times: keep the batch at two)."""
@@ -136,6 +146,7 @@ TINY: dict[tuple[str, str], tuple[Any, Any]] = {
     ("reward", "framewise"): (_framewise_clipscore, {}),  # video samples: the kit's default
     ("reward", "temporal_consistency"): ({}, {}),
     ("reward", "motion"): ({}, {}),
+    ("reward", "reference_similarity"): (_reference_clip, {}),
     ("reward", "clap"): (_tiny_clap, {}),  # audio samples: the kit's default
     ("reward", "loudness"): ({}, {}),
     ("reward", "silence_ratio"): ({}, {}),

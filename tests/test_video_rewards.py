@@ -99,3 +99,27 @@ def test_video_rewards_declare_their_modality_and_reject_images() -> None:
         MotionConfig(target=2.0)
     with pytest.raises(ValueError):
         TemporalConsistencyReward().score(Samples("image", torch.rand(1, 3, 4, 4)), ["a"], [])
+
+
+def test_reference_similarity_reads_the_reference_with_decord_and_ranks_clips(tmp_path) -> None:
+    """The reference mp4 is decoded by decord; the reference itself scores ~1, other clips lower."""
+    pytest.importorskip("decord")
+    from vgrpo_platform.errors import RewardError
+    from vgrpo_platform.media import write_video
+
+    reference = moving_square(frames=6, side=32, step=4)  # decord mis-reads very small frames
+    write_video(reference, tmp_path / "ref.mp4", fps=8)
+    context = BuildContext(recipe_dir=tmp_path)
+    reward = registry().build("reward", "reference_similarity", {"path": "ref.mp4", "pool": 8}, context)
+    other = torch.zeros(6, 3, 32, 32)
+    other[:, 1, 16:24, 16:24] = 1.0  # a green square that stays put
+    clips = torch.stack([reference, reference.flip(0), other])  # [3, F, 3, H, W]
+    scores = reward.score(Samples("video", clips), ["x"] * 3, [{}] * 3)
+    assert scores.shape == (3,)
+    assert scores[0] > 0.95, "decoding is lossy (H.264) but the reference must match itself"
+    assert scores[0] > scores[1] > scores[2], scores
+    # a clip with more frames than the reference: frames are matched evenly, still maximal for itself
+    longer = reference.repeat_interleave(2, dim=0)  # [12, 3, H, W]
+    assert reward.score(Samples("video", longer[None]), ["x"], [{}])[0] > 0.9
+    with pytest.raises(RewardError, match="not found"):
+        registry().build("reward", "reference_similarity", {"path": "missing.mp4"}, context)

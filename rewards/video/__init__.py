@@ -5,6 +5,7 @@
 - ``temporal_consistency``: mean cosine similarity of consecutive frames' pooled pixels (1 = identical).
 - ``motion``: mean absolute change between consecutive pooled frames, or minus its distance to a target,
   so a recipe can reward quality without rewarding frozen clips.
+- ``reference_similarity``: closeness to a reference clip (an mp4 read with decord), frame by frame.
 """
 
 from __future__ import annotations
@@ -62,6 +63,15 @@ class MotionConfig(PooledFramesConfig):
     )
 
 
+class ReferenceSimilarityConfig(PooledFramesConfig):
+    """Options of the ``reference_similarity`` reward."""
+
+    path: str = Field(
+        description="The reference clip (mp4 or any format decord reads); relative paths are "
+        "resolved against the recipe's folder."
+    )
+
+
 def build_framewise(config: FramewiseConfig, context: Any) -> Any:
     """Factory: builds the inner image reward from the host's registry (``context.extra['registry']``)."""
     from .impl import FramewiseReward
@@ -79,6 +89,12 @@ def build_motion(config: MotionConfig, context: Any = None) -> Any:
     from .impl import MotionReward
 
     return MotionReward(pool=config.pool, target=config.target)
+
+
+def build_reference_similarity(config: ReferenceSimilarityConfig, context: Any = None) -> Any:
+    from .impl import ReferenceSimilarityReward
+
+    return ReferenceSimilarityReward.from_config(config, context)
 
 
 @hookimpl
@@ -100,4 +116,10 @@ def register_rewards(register):  # noqa: ANN001 - the host's Register callable
         build_motion,
         MotionConfig,
         summary="Mean absolute change between consecutive pooled frames (or minus its distance to a target).",
+    )
+    register(
+        "reference_similarity",
+        build_reference_similarity,
+        ReferenceSimilarityConfig,
+        summary="Mean cosine similarity of pooled frames to a reference clip read with decord.",
     )

@@ -120,3 +120,57 @@ class MotionReward:
     ) -> torch.Tensor:
         motion = self.motion(samples)
         return motion if self.target is None else -(motion - self.target).abs()
+
+
+class ReferenceSimilarityReward:
+    """Frame-by-frame cosine similarity of pooled pixels to a reference clip, in ``[0, 1]``.
+
+    The reference is decoded once (decord); frame i of an F-frame clip meets the reference frame at the
+    same relative time, so clips of any length compare with one reference.
+    """
+
+    modalities = frozenset({"video"})
+
+    def __init__(self, reference: torch.Tensor, pool: int = 32, eps: float = 1e-8) -> None:
+        if reference.ndim != 4 or reference.shape[1] != 3:
+            raise ValueError(f"a reference clip must be [F, 3, H, W], got {tuple(reference.shape)}")
+        self.reference = reference.float()  # [F_ref, 3, H, W] in [0, 1]
+        self.pool = pool
+        self.eps = eps
+
+    @classmethod
+    def from_config(cls, config: Any, context: Any) -> ReferenceSimilarityReward:
+        from pathlib import Path
+
+        from vgrpo_platform.errors import RewardError
+        from vgrpo_platform.media import read_video
+
+        path = Path(config.path).expanduser()
+        recipe_dir = getattr(context, "recipe_dir", None)
+        if not path.is_absolute() and recipe_dir is not None:
+            path = Path(recipe_dir) / path
+        if not path.is_file():
+            raise RewardError(
+                f"reference clip {path} not found; set the reward's options.path to an existing video file"
+            )
+        try:
+            reference = read_video(path)
+        except Exception as exc:  # decord raises its own error types on corrupt files
+            raise RewardError(
+                f"reference clip {path} could not be decoded ({exc}); re-encode it as mp4"
+            ) from exc
+        return cls(reference, pool=config.pool)
+
+    def score(
+        self, samples: Samples, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]]
+    ) -> torch.Tensor:
+        clips = _clips(samples)  # [B, F, 3, H, W]
+        f = clips.shape[1]
+        index = torch.linspace(0, self.reference.shape[0] - 1, f).round().long()  # evenly, either length
+        pool = min(self.pool, *clips.shape[-2:], *self.reference.shape[-2:])  # one grid for both
+        reference = _pooled(self.reference[index].unsqueeze(0).to(clips.device), pool)  # [1, F, D]
+        frames = _pooled(clips, pool)  # [B, F, D]
+        cos = ((frames * reference).sum(-1) + self.eps) / (
+            frames.norm(dim=-1) * reference.norm(dim=-1) + self.eps
+        )  # [B, F]
+        return cos.clamp(max=1.0).mean(1)
