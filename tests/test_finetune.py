@@ -62,3 +62,15 @@ def test_lora_on_missing_modules_is_a_clear_error():
         assert "nonexistent" in str(exc)
     else:  # pragma: no cover
         raise AssertionError("expected a ValueError")
+
+
+def test_lora_weights_train_in_fp32_beside_a_bf16_base():
+    """peft would create bf16 adapters on a bf16 layer; small AdamW updates would round away."""
+    base = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)).to(torch.bfloat16)
+    params = finetune.attach_lora(base, rank=2, alpha=2.0, target_modules=["0", "1"])
+    assert params and all(p.dtype == torch.float32 for p in params)
+    assert all(p.dtype == torch.bfloat16 for n, p in base.named_parameters() if "lora_" not in n)
+    out = base(torch.randn(3, 8, dtype=torch.bfloat16))
+    assert out.dtype == torch.bfloat16  # the layer's output keeps the base's dtype
+    out.float().square().sum().backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in params)

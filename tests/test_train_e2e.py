@@ -58,6 +58,7 @@ def test_toy_run_raises_reward_and_changes_every_trainable_parameter(tmp_path):
     assert [r["iteration"] for r in evals] == [0, 5, 10]
     assert len(trains) == 10
     assert evals[-1]["reward"] > evals[0]["reward"] + 0.05, (evals[0]["reward"], evals[-1]["reward"])
+    assert (run_dir / "samples" / "before_after.png").is_file()
     for key in (
         "reward/brightness",
         "advantage_std",

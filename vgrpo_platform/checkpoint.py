@@ -66,9 +66,21 @@ def save_checkpoint(
         shutil.rmtree(final)
     os.replace(tmp, final)
     _fsync_dir(root)
-    for old in list_checkpoints(run_dir)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+    _prune(root, keep_last)
     return final
+
+
+def _prune(root: Path, keep_last: int) -> None:
+    """Keep the newest ``keep_last`` complete checkpoints; also delete what killed writes left behind
+    (temp folders, and half-deleted older checkpoints, which ``list_checkpoints`` never lists), so a
+    run that is killed and resumed many times does not fill the disk."""
+    complete = list_checkpoints(root.parent)
+    kept = {p.name for p in complete[-keep_last:]}
+    for path in root.iterdir():
+        stale_tmp = path.name.startswith(f".tmp_{PREFIX}")
+        older = path.name.startswith(PREFIX) and path.name not in kept and path.name < min(kept)
+        if path.is_dir() and (stale_tmp or older):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _fsync_dir(path: Path) -> None:

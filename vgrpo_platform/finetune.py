@@ -34,6 +34,10 @@ def attach_lora(
             f"LoRA matched no module of {type(denoiser).__name__} for targets {list(target_modules)}"
         )
     for p in params:
+        # peft creates LoRA weights in the wrapped layer's dtype; a bf16 base would make the adapter,
+        # its gradients and AdamW state bf16 too. fp32 adapters beside a low-precision base (peft casts
+        # the input to the adapter's dtype and the result back) keep small updates from rounding away.
+        p.data = p.data.float()
         p.requires_grad_(True)
     return params
 

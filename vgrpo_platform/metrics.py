@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -19,11 +20,21 @@ class MetricsWriter:
             self.path.write_text("")
         elif self.path.exists():
             kept = [line for line in self.path.read_text().splitlines() if _iteration(line) <= resume_after]
-            self.path.write_text("".join(line + "\n" for line in kept))
+            _replace_text(self.path, "".join(line + "\n" for line in kept))
 
     def write(self, record: dict[str, Any]) -> None:
         with self.path.open("a") as f:
             f.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def _replace_text(path: Path, text: str) -> None:
+    """Write via a temp file and a rename: a kill mid-write must not lose the records already saved."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def _iteration(line: str) -> int:

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:  # the entry modules of plugins import this file: keep torch out of import time
     import torch
 
+    from vgrpo_platform.distributed import RowsOf
+
 Conditioning = dict[str, "torch.Tensor"]
 """Prompt conditioning: every tensor batch-first ``[B, ...]`` so the core can index and repeat it."""
 
@@ -130,6 +132,7 @@ class RolloutBatch:
     reward_terms: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [B] raw scores
     advantages: torch.Tensor | None = None  # [B]
     extras: dict[str, torch.Tensor] = field(default_factory=dict)  # surrogate-owned, [B, ...]
+    rows: RowsOf | None = None  # a data-parallel rank's place in the global batch (None: the whole batch)
 
     def __len__(self) -> int:
         return int(self.latents.shape[0])

@@ -102,6 +102,8 @@ def _show(value: Any) -> str:
         return "a table"
     if isinstance(value, str):
         return repr(value)
+    if isinstance(value, (_dt.date, _dt.time)):  # a TOML date/time, shown as written
+        return value.isoformat()
     return json.dumps(value) if isinstance(value, list) else repr(value)
 
 
@@ -177,6 +179,10 @@ def _parse_value(raw: str) -> Any:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         return raw
+    except RecursionError:  # tomllib recurses per nesting level
+        raise RecipeError(
+            f"--set value {raw[:20]!r}...: arrays or tables nested too deeply; flatten it"
+        ) from None
     if isinstance(value, (_dt.date, _dt.time)):  # `run.name=2024-01-01` means the string
         return raw
     return value
@@ -251,8 +257,16 @@ def _read_toml(path: Path) -> tuple[str, dict[str, Any]]:
         raise RecipeError(f"'{path}' is a folder, not a recipe file; pass the .toml file") from None
     except UnicodeDecodeError as exc:
         raise RecipeError(f"{path}: not UTF-8 text ({exc.reason}); save the recipe as UTF-8") from None
+    except OSError as exc:  # permissions, a broken link, an I/O error
+        raise RecipeError(
+            f"cannot read recipe file '{path}' ({exc.strerror or exc}); check the path"
+        ) from None
     try:
         return text, tomllib.loads(text)
+    except RecursionError:  # tomllib recurses per nesting level; a traceback would hide the line
+        raise RecipeError(
+            f"{path}: invalid TOML: arrays or tables nested too deeply; flatten the nesting"
+        ) from None
     except tomllib.TOMLDecodeError as exc:
         msg = str(exc)
         m = re.search(r"\(at line (\d+), column (\d+)\)", msg)
@@ -289,8 +303,18 @@ def _read_prompt_file(rel: str, key: str, recipe_dir: Path) -> list[str]:
             f"{key}: prompt file '{path}' not found (paths are relative to the recipe's folder); "
             "fix the path or create the file"
         )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecipeError(
+            f"{key}: prompt file '{path}' is not UTF-8 text ({exc.reason}); save it as UTF-8"
+        ) from None
+    except OSError as exc:
+        raise RecipeError(
+            f"{key}: cannot read prompt file '{path}' ({exc.strerror or exc}); check it"
+        ) from None
     prompts: list[str] = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for lineno, line in enumerate(text.splitlines(), start=1):
         line = line.strip()
         if not line or (suffix == ".txt" and line.startswith("#")):
             continue

@@ -73,6 +73,11 @@ class TrainSection(Section):
     lora_alpha: float = 16.0
     lora_targets: list[str] | None = None  # None = the adapter's defaults
     gradient_checkpointing: bool = False
+    # a reward that raises or returns NaN/inf, a NaN loss, out of memory in a rollout (faults.py):
+    # "stop" saves a checkpoint and exits with the error; "skip" drops the iteration and goes on
+    on_fault: Literal["stop", "skip"] = "stop"
+    max_consecutive_skips: int = Field(3, ge=1)  # "skip" still stops after this many faults in a row
+    offload_rewards: bool = False  # reward models in host memory except while scoring: frees their GPU memory
 
 
 class EvalSection(Section):

@@ -41,12 +41,15 @@ def generate(
     generator: torch.Generator,
     chunk_size: int,
     device: torch.device | str,
+    noise_window: tuple[int, int] | None = None,
 ) -> tuple[torch.Tensor, Conditioning, torch.Tensor, torch.Tensor, Samples]:
     """Sample ``group_size`` outputs for each prompt.
 
     Returns ``(group_ids [B], cond [B, ...], noise [B, *L], latents [B, *L], samples)`` with
     ``B = len(prompts) * group_size``; samples of one prompt are contiguous. Noise is drawn on the
-    CPU generator so a seed gives the same rollout on any device.
+    CPU generator so a seed gives the same rollout on any device. ``noise_window = (start, total)``
+    (a data-parallel rank's share): draw noise for ``total`` samples and keep rows ``start ..
+    start + B``, so every rank's generator stays in step and each sample gets its single-process noise.
     """
     return generate_with_extras(
         adapter,
@@ -56,6 +59,7 @@ def generate(
         generator=generator,
         chunk_size=chunk_size,
         device=device,
+        noise_window=noise_window,
     )[:5]
 
 
@@ -70,6 +74,7 @@ def generate_with_extras(
     chunk_size: int,
     device: torch.device | str,
     rollout_fn: RolloutFn | None = None,
+    noise_window: tuple[int, int] | None = None,
 ) -> tuple[torch.Tensor, Conditioning, torch.Tensor, torch.Tensor, Samples, dict[str, torch.Tensor]]:
     """``generate`` with an optional surrogate sampler (an SDE that records per-step log-probs).
 
@@ -79,8 +84,9 @@ def generate_with_extras(
     """
     group_ids = torch.arange(len(prompts)).repeat_interleave(group_size)  # [B]
     cond = repeat_conditioning(adapter.encode_prompts(list(prompts)), group_ids)
-    shape = (len(group_ids), *adapter.latent_shape())
-    noise = torch.randn(shape, generator=generator).to(device)  # [B, *L]
+    start, total = noise_window if noise_window is not None else (0, len(group_ids))
+    noise = torch.randn((total, *adapter.latent_shape()), generator=generator)  # [N, *L]
+    noise = noise[start : start + len(group_ids)].to(device)  # [B, *L]
     latents, decoded, extras = [], [], []
     for start in range(0, len(group_ids), chunk_size):
         part = slice(start, start + chunk_size)

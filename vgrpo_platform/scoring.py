@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from vgrpo_platform.errors import RewardError
+from vgrpo_platform.offload import on_device
 from vgrpo_platform.protocols import Reward, Samples
 
 
@@ -28,11 +29,15 @@ def score_all(
     metadata: Sequence[Mapping[str, Any]] | None = None,
     *,
     step: int | None = None,
+    offload_device: torch.device | str | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Score ``samples`` with every reward.
 
     Returns ``(terms, details)``: ``terms[key]`` is each reward's ``[B]`` score (what is optimised),
     ``details["key/criterion"]`` the ``[B]`` diagnostics a reward reported beside its score.
+    With ``offload_device`` (``train.offload_rewards``) each reward's models are moved there for its
+    own call and back where they were after it (host memory once ``offload.park``-ed), so one reward
+    at a time holds accelerator memory.
     """
     batch = len(samples)
     metadata = list(metadata) if metadata is not None else [{} for _ in range(batch)]
@@ -46,7 +51,8 @@ def score_all(
                 f"{samples.modality}; choose a reward for {samples.modality}"
             )
         try:
-            out = item.reward.score(samples, prompts, metadata)
+            with on_device(item.reward, offload_device):
+                out = item.reward.score(samples, prompts, metadata)
         except RewardError:
             raise
         except Exception as exc:  # a plugin's failure, reported with where it happened

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from vgrpo_platform import finetune
+from vgrpo_platform import finetune, offload
 from vgrpo_platform.protocols import Adapter, BuildContext, Surrogate
 from vgrpo_platform.recipe_schema import Recipe, TrainSection
 from vgrpo_platform.scoring import WeightedReward
@@ -45,7 +45,12 @@ def build_session(resolved, context: BuildContext) -> Session:  # noqa: ANN001 -
     """Build every component from the resolved recipe and make the policy trainable."""
     adapter = resolved.adapter.spec.factory(resolved.adapter.config, context)
     trainable = make_trainable(adapter, resolved.recipe.train)
-    rewards = [WeightedReward(r.key, r.spec.factory(r.config, context), r.weight) for r in resolved.rewards]
+    rewards = []
+    for r in resolved.rewards:
+        reward = r.spec.factory(r.config, context)
+        if resolved.recipe.train.offload_rewards:
+            offload.park(reward, keep=adapter)  # host memory until it scores (scoring.score_all)
+        rewards.append(WeightedReward(r.key, reward, r.weight))
     surrogate = resolved.surrogate.spec.factory(resolved.surrogate.config, context)
     return Session(
         adapter=adapter, trainable=trainable, rewards=rewards, surrogate=surrogate, context=context

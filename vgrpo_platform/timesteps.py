@@ -16,9 +16,12 @@ finest step of a 1000-step training grid, so the clamp changes almost nothing el
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
+
+if TYPE_CHECKING:
+    from vgrpo_platform.distributed import RowsOf
 
 PairScope = Literal["group", "batch", "sample"]
 
@@ -89,19 +92,25 @@ def draw_pairs(
     t_max: float = DEFAULT_T_MAX,
     device: torch.device | str | None = None,
     dtype: torch.dtype = torch.float32,
+    rows: RowsOf | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The Monte-Carlo pairs of one batch: ``(t [B, K], eps [B, K, *L])``.
 
     Draws happen on ``generator``'s device (so a seed reproduces the same pairs wherever the model
     runs) and are moved to ``device`` (default: ``group_ids``' device). Samples that share a set
-    (see ``pair_set_index``) get bit-identical ``t`` and ``eps``.
+    (see ``pair_set_index``) get bit-identical ``t`` and ``eps``. With ``rows`` (a data-parallel
+    rank's share, ``RolloutBatch.rows``) the sets are drawn for the whole global batch and the
+    local rows kept, so every rank's generator stays in step and sees what one process would.
     """
     if n_mc < 1:
         raise ValueError(f"n_mc must be >= 1, got {n_mc}")
     if not 0.0 <= t_min < t_max <= 1.0:
         raise ValueError(f"need 0 <= t_min < t_max <= 1, got t_min={t_min}, t_max={t_max}")
     device = group_ids.device if device is None else torch.device(device)
-    n_sets, index = pair_set_index(group_ids, scope)
+    n_local = int(group_ids.shape[0])
+    n_sets, index = pair_set_index(group_ids if rows is None else rows.global_group_ids, scope)
+    if rows is not None:
+        index = rows.local(index, n_local)
     sampler = stratified_uniform if stratified else iid_uniform
     u = sampler(n_sets, n_mc, generator, dtype=dtype)  # [S, K] on the generator's device
     t = warp(u) if warp is not None else u

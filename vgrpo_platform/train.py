@@ -12,6 +12,9 @@ How it departs from textbook GRPO (see docs/concepts.md):
   the full mini-batch's whatever ``micro_batch_size`` is.
 - Ctrl-C or SIGTERM finish the current iteration, save a checkpoint and exit; ``--resume`` continues
   from the newest complete checkpoint with the same RNG and prompt-sampler state.
+- Under ``accelerate launch`` / ``torchrun`` each process rolls out a contiguous block of whole prompt
+  groups; rewards are gathered, so advantages and metrics see the global batch, and the random draws
+  are made for the global batch on every rank (``distributed.py``): N processes equal one process.
 """
 
 from __future__ import annotations
@@ -28,8 +31,25 @@ from pathlib import Path
 import torch
 
 from vgrpo_platform.checkpoint import latest_valid_checkpoint, list_checkpoints, save_checkpoint
-from vgrpo_platform.errors import CheckpointError, RecipeError, VgrpoError
-from vgrpo_platform.grids import save_grid
+from vgrpo_platform.distributed import (
+    RowsOf,
+    gather_objects,
+    gather_rows,
+    maybe_no_sync,
+    reduce_metrics,
+    shard_of,
+    wrap_for_data_parallel,
+)
+from vgrpo_platform.errors import CheckpointError, RecipeError, RewardError, VgrpoError
+from vgrpo_platform.faults import (
+    FAULTS,
+    PeerFault,
+    is_out_of_memory,
+    non_finite_loss,
+    out_of_memory,
+    with_policy_hint,
+)
+from vgrpo_platform.grids import save_before_after, save_grid
 from vgrpo_platform.grpo import compute_advantages, zero_std_fraction
 from vgrpo_platform.metrics import MetricsWriter, Progress
 from vgrpo_platform.prompt_sampler import PromptSampler
@@ -74,22 +94,34 @@ class Trainer:
 
     def __init__(self, resolved, *, resume: bool = False) -> None:  # noqa: ANN001 - recipe.ResolvedRecipe
         from accelerate import Accelerator
+        from accelerate.utils import DistributedDataParallelKwargs
 
         self.resolved = resolved
         self.recipe = recipe = resolved.recipe
         self.run_dir = run_dir_of(recipe)
         device = resolve_device(recipe.run.device)
-        self.accelerator = Accelerator(cpu=device.type == "cpu", mixed_precision=recipe.run.mixed_precision)
+        self.accelerator = Accelerator(
+            cpu=device.type == "cpu",
+            mixed_precision=recipe.run.mixed_precision,
+            # the model's buffers never change: no broadcast, so ranks need not forward in lockstep
+            kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)],
+        )
         self.device = self.accelerator.device
+        # train.offload_rewards: reward models visit the device only while they score
+        self.reward_device = self.device if recipe.train.offload_rewards else None
+        self.shard = shard_of(self.accelerator)
+        self.shard.prompt_block(recipe.rollout.prompts_per_iteration)  # fail early on an uneven split
         self._check_run_dir(resume)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(recipe.run.seed)
         context = BuildContext(
             device=self.device, seed=recipe.run.seed, run_dir=self.run_dir, recipe_dir=resolved.recipe_dir
         )
-        self.session: Session = build_session(resolved, context)
+        with self.accelerator.main_process_first():  # downloads and model builds happen once
+            self.session: Session = build_session(resolved, context)
         t = recipe.train
         self.params = list(self.session.trainable.values())
+        self.routed = wrap_for_data_parallel(self.accelerator, self.session.adapter.denoiser)
         self.optimizer = torch.optim.AdamW(
             self.params, lr=t.lr, betas=t.adam_betas, eps=t.adam_eps, weight_decay=t.weight_decay
         )
@@ -111,15 +143,18 @@ class Trainer:
             self._restore()
         if self.accelerator.is_main_process:
             save_resolved(resolved, self.run_dir)
-        self.metrics = MetricsWriter(
-            self.run_dir / "metrics.jsonl", resume_after=self.start_iteration if resume else None
-        )
+        self.metrics = None  # only the main process writes
+        if self.accelerator.is_main_process:
+            self.metrics = MetricsWriter(
+                self.run_dir / "metrics.jsonl", resume_after=self.start_iteration if resume else None
+            )
 
     # ----------------------------------------------------------------------------------------- loop
     def run(self) -> Path:
         recipe = self.recipe
         total = recipe.train.iterations
-        progress = Progress(recipe.log.progress, total, start=self.start_iteration)
+        main = self.accelerator.is_main_process
+        progress = Progress(recipe.log.progress if main else "none", total, start=self.start_iteration)
         stop = _StopFlag()
         t_start = time.perf_counter() - self.elapsed
         try:
@@ -128,17 +163,29 @@ class Trainer:
                     before = self.evaluate(0, wall=0.0)
                     progress.message(f"eval @0: reward {before:.4f}")
                 iteration = self.start_iteration
+                faults_in_a_row = 0
                 for iteration in range(self.start_iteration + 1, total + 1):
-                    record = self.iterate(iteration)
+                    before_iteration = self._loop_state()
+                    self.stepped = False
+                    try:
+                        record = self.iterate(iteration)
+                        faults_in_a_row = 0
+                    except FAULTS as fault:
+                        faults_in_a_row += 1
+                        elapsed = time.perf_counter() - t_start - self.diagnostics_seconds
+                        record = self._on_fault(fault, iteration, before_iteration, faults_in_a_row, elapsed)
+                        progress.message(f"skipped iteration {iteration}: {fault}")
                     # wall-clock of the method: the optional diagnostics' seconds are left out
                     record["wall_seconds"] = time.perf_counter() - t_start - self.diagnostics_seconds
-                    self.metrics.write(record)
+                    if self.metrics is not None:
+                        self.metrics.write(record)
                     progress.update(iteration, _headline(record))
                     last = iteration == total
                     if recipe.eval.every and iteration % recipe.eval.every == 0 or last:
                         score = self.evaluate(iteration, wall=record["wall_seconds"])
                         progress.message(f"eval @{iteration}: reward {score:.4f}")
                     every = recipe.log.checkpoint_every
+                    stop.requested = self._any_rank(stop.requested)  # all ranks stop at the same iteration
                     if last or stop.requested or (every and iteration % every == 0):
                         self.save(iteration, time.perf_counter() - t_start - self.diagnostics_seconds)
                     if stop.requested:
@@ -148,63 +195,131 @@ class Trainer:
                         raise KeyboardInterrupt
         finally:
             progress.close()
+        if self.routed is not None:
+            self.routed.restore()
         export = getattr(self.session.adapter, "export_trained", None)
         if export is not None and self.accelerator.is_main_process:
             export(self.run_dir / "final")
-        self._summary(progress)
+        if self.accelerator.is_main_process:
+            self._summary(progress)
         return self.run_dir
+
+    def _on_fault(
+        self, fault: VgrpoError, iteration: int, before: dict, in_a_row: int, elapsed: float
+    ) -> dict:
+        """Apply ``train.on_fault``: the ``skipped`` record to log, or raise after saving what is exact."""
+        t = self.recipe.train
+        if t.on_fault == "stop" or in_a_row >= t.max_consecutive_skips:
+            saved = None
+            if not self.stepped and iteration > 1:  # the weights are still those after iteration - 1
+                self._set_loop_state(before)
+                self.save(iteration - 1, elapsed)
+                saved = iteration - 1
+            raise with_policy_hint(fault, t.on_fault, saved) from fault
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"kind": "skipped", "iteration": iteration, "reason": str(fault)}
+
+    def _loop_state(self) -> dict:
+        """What an iteration consumes besides the weights: restoring it replays the iteration."""
+        rngs = (self.rollout_rng, self.surrogate_rng, self.shuffle_rng)
+        return {
+            "rng": [g.get_state() for g in rngs],
+            "torch": torch.get_rng_state(),
+            "prompts": self.prompts.state_dict(),
+        }
+
+    def _set_loop_state(self, state: dict) -> None:
+        rngs = (self.rollout_rng, self.surrogate_rng, self.shuffle_rng)
+        for g, saved in zip(rngs, state["rng"], strict=True):
+            g.set_state(saved)
+        torch.set_rng_state(state["torch"])
+        self.prompts.load_state_dict(state["prompts"])
+
+    def _agree_on_fault(self, fault: VgrpoError | None) -> None:
+        """Raise ``fault`` here, or ``PeerFault`` where another rank has one: all ranks leave together."""
+        if self._any_rank(fault is not None):
+            raise fault if fault is not None else PeerFault("another process hit a fault in this iteration")
+
+    def _any_rank(self, flag: bool) -> bool:
+        """Whether ``flag`` is set on any process (a signal may reach only some of them)."""
+        if self.shard.world == 1:
+            return flag
+        return bool(gather_rows(self.accelerator, torch.tensor([float(flag)])).max() > 0)
 
     def iterate(self, iteration: int) -> dict[str, float]:
         """One V-GRPO iteration; returns its metrics record."""
         recipe, session = self.recipe, self.session
         adapter = session.adapter
         t0 = time.perf_counter()
-        prompts = self.prompts.next(recipe.rollout.prompts_per_iteration)
+        prompts = self.prompts.next(recipe.rollout.prompts_per_iteration)  # the same list on every rank
+        block = self.shard.prompt_block(len(prompts))  # this rank's whole groups
+        group_size = recipe.rollout.group_size
         sampler = SamplerSpec(recipe.rollout.sampler, recipe.rollout.steps)
         begin = getattr(session.surrogate, "begin_iteration", None)  # optional surrogate hook
         if begin is not None:
             begin(iteration)
-        group_ids, cond, _, latents, samples, rollout_extras = generate_with_extras(
-            adapter,
-            prompts,
-            group_size=recipe.rollout.group_size,
-            sampler=sampler,
-            generator=self.rollout_rng,
-            chunk_size=recipe.train.micro_batch_size,
-            device=self.device,
-            rollout_fn=self._surrogate_rollout(),  # MDP baselines sample their own SDE
-        )
-        t1 = time.perf_counter()
-        flat_prompts = [prompts[int(g)] for g in group_ids]
-        terms, details = score_all(session.rewards, samples, flat_prompts, step=iteration)
+        first_row = block.start * group_size
+        fault = None
+        t1 = t0
+        try:
+            local_ids, cond, _, latents, samples, rollout_extras = generate_with_extras(
+                adapter,
+                prompts[block],
+                group_size=group_size,
+                sampler=sampler,
+                generator=self.rollout_rng,
+                chunk_size=recipe.train.micro_batch_size,
+                device=self.device,
+                rollout_fn=self._surrogate_rollout(),  # MDP baselines sample their own SDE
+                noise_window=(first_row, len(prompts) * group_size),
+            )
+            group_ids = local_ids + block.start  # ids in the global batch
+            t1 = time.perf_counter()
+            flat_prompts = [prompts[int(g)] for g in group_ids]
+            local_terms, local_details = score_all(
+                session.rewards, samples, flat_prompts, step=iteration, offload_device=self.reward_device
+            )
+        except RewardError as exc:
+            fault = exc
+        except Exception as exc:
+            if not is_out_of_memory(exc):
+                raise
+            fault = out_of_memory(iteration, prompts[block][0])
+        self._agree_on_fault(fault)
+        # the whole batch's scores on every rank: advantages and metrics see full groups
+        terms = {k: gather_rows(self.accelerator, v) for k, v in sorted(local_terms.items())}
+        details = {k: gather_rows(self.accelerator, v) for k, v in sorted(local_details.items())}
+        all_ids = torch.arange(len(prompts)).repeat_interleave(group_size)  # [N]
         weights = {r.key: r.weight for r in session.rewards}
         g = recipe.grpo
         advantages, total_reward = compute_advantages(
             terms,
             weights,
-            group_ids,
+            all_ids,
             std=g.std,
             eps=g.eps,
             aggregation=g.reward_aggregation,
             soft_clip_eta=g.soft_clip_eta,
         )
         t2 = time.perf_counter()
+        mine = slice(first_row, first_row + len(group_ids))
         batch = RolloutBatch(
             prompts=flat_prompts,
             group_ids=group_ids.to(self.device),
             cond=cond,
             latents=latents,
-            rewards=total_reward.to(self.device),
-            reward_terms={k: v.to(self.device) for k, v in terms.items()},
-            advantages=advantages.to(self.device),
+            rewards=total_reward[mine].to(self.device),
+            reward_terms={k: v[mine].to(self.device) for k, v in terms.items()},
+            advantages=advantages[mine].to(self.device),
             extras=rollout_extras,
+            rows=RowsOf(all_ids.to(self.device), first_row) if self.shard.world > 1 else None,
         )
         with self.accelerator.autocast():
             session.surrogate.prepare(batch, adapter, self.surrogate_rng)
         t_diag = time.perf_counter()
         diagnostics = self.diagnose(batch, iteration)
         t_diag = time.perf_counter() - t_diag  # reported apart: not part of the method's training cost
-        update = self.update(batch)
+        update = self.update(batch, iteration)
         t3 = time.perf_counter()
         record: dict[str, float] = {"kind": "train", "iteration": iteration, "epoch": self.prompts.epoch}
         record["reward"] = total_reward.mean().item()
@@ -216,7 +331,7 @@ class Trainer:
         record["advantage_mean"] = advantages.mean().item()
         record["advantage_std"] = advantages.std(unbiased=False).item()
         record["advantage_abs_max"] = advantages.abs().max().item()
-        record["zero_std_fraction"] = zero_std_fraction(total_reward, group_ids)
+        record["zero_std_fraction"] = zero_std_fraction(total_reward, all_ids)
         record.update(update)
         record.update(diagnostics)
         record["lr"] = self.optimizer.param_groups[0]["lr"]
@@ -226,7 +341,7 @@ class Trainer:
         record["time_iteration"] = t3 - t0
         return record
 
-    def update(self, batch: RolloutBatch) -> dict[str, float]:
+    def update(self, batch: RolloutBatch, iteration: int = 0) -> dict[str, float]:
         """``gradient_steps_per_iteration`` optimiser steps over the batch, micro-batched."""
         t = self.recipe.train
         n = len(batch)
@@ -237,16 +352,18 @@ class Trainer:
         grad_norms = []
         for minibatch in order.tensor_split(steps):
             self.optimizer.zero_grad(set_to_none=True)
-            for micro in minibatch.split(t.micro_batch_size):
+            micros = minibatch.split(t.micro_batch_size)
+            for m, micro in enumerate(micros):
                 part = batch.select(micro.to(batch.latents.device))
-                with self.accelerator.autocast():
-                    loss, metrics = self.session.surrogate.loss(part, self.session.adapter)
-                if not torch.isfinite(loss):
-                    raise VgrpoError(
-                        f"the loss became {loss.item()} (prompt {part.prompts[0]!r}); lower train.lr or "
-                        "enable train.grad_clip, then resume from the last checkpoint with --resume"
-                    )
-                self.accelerator.backward(loss * (len(micro) / len(minibatch)))
+                # gradients are averaged over ranks once per optimiser step, on its last micro-batch
+                with maybe_no_sync(self.routed, self.accelerator, skip=m < len(micros) - 1):
+                    with self.accelerator.autocast():
+                        loss, metrics = self.session.surrogate.loss(part, self.session.adapter)
+                    bad = None
+                    if not torch.isfinite(loss):
+                        bad = non_finite_loss(loss.item(), iteration, part.prompts[0])
+                    self._agree_on_fault(bad)
+                    self.accelerator.backward(loss * (len(micro) / len(minibatch)))
                 share = len(micro) / n
                 metrics = {"loss": loss.item(), **metrics}
                 for key, value in metrics.items():
@@ -259,11 +376,13 @@ class Trainer:
             clip = t.grad_clip if t.grad_clip is not None else math.inf
             grad_norms.append(float(self.accelerator.clip_grad_norm_(self.params, clip)))
             self.optimizer.step()
+            self.stepped = True  # from here a fault can no longer be undone by replaying the iteration
             self.lr_schedule.step()
             after_step = getattr(self.session.surrogate, "after_step", None)  # e.g. an EMA old policy
             if after_step is not None:
                 after_step(self.session.adapter)
-        return {**sums, **extremes, "grad_norm": sum(grad_norms) / len(grad_norms), "gradient_steps": steps}
+        metrics = reduce_metrics(self.accelerator, {**sums, **extremes})
+        return {**metrics, "grad_norm": sum(grad_norms) / len(grad_norms), "gradient_steps": steps}
 
     def _surrogate_rollout(self):  # noqa: ANN202 - rollout.RolloutFn or None
         """The surrogate's own sampler, under the autocast of its ``loss`` (so on-policy ratios are 1)."""
@@ -290,8 +409,9 @@ class Trainer:
         from vgrpo_platform.diagnostics import measure_surrogate
 
         generator = torch.Generator().manual_seed(self.recipe.run.seed + 3 + iteration)
-        with self.accelerator.autocast():
-            return measure_surrogate(self.session.surrogate, batch, self.session.adapter, generator)
+        with maybe_no_sync(self.routed, self.accelerator, skip=True), self.accelerator.autocast():
+            found = measure_surrogate(self.session.surrogate, batch, self.session.adapter, generator)
+        return reduce_metrics(self.accelerator, found)  # each rank measured its own rows
 
     # ------------------------------------------------------------------------------------- evaluation
     @torch.no_grad()
@@ -300,27 +420,50 @@ class Trainer:
         recipe, session = self.recipe, self.session
         e = recipe.eval
         sampler = SamplerSpec(e.sampler or recipe.rollout.sampler, e.steps or recipe.rollout.steps)
-        group_ids, _, _, _, samples = generate(
-            session.adapter,
-            self.eval_prompts,
-            group_size=e.samples_per_prompt,
-            sampler=sampler,
-            generator=torch.Generator().manual_seed(e.seed),
-            chunk_size=recipe.train.micro_batch_size,
-            device=self.device,
-        )
-        flat_prompts = [self.eval_prompts[int(g)] for g in group_ids]
-        terms, details = score_all(session.rewards, samples, flat_prompts, step=iteration)
+        per_prompt = e.samples_per_prompt
+        block = self.shard.block(len(self.eval_prompts))  # each rank evaluates its share of the prompts
+        local_terms: dict[str, list[float]] = {}
+        local_details: dict[str, list[float]] = {}
+        images: list[torch.Tensor] = []
+        samples = None
+        if block.stop > block.start:
+            group_ids, _, _, _, samples = generate(
+                session.adapter,
+                self.eval_prompts[block],
+                group_size=per_prompt,
+                sampler=sampler,
+                generator=torch.Generator().manual_seed(e.seed),
+                chunk_size=recipe.train.micro_batch_size,
+                device=self.device,
+                noise_window=(block.start * per_prompt, len(self.eval_prompts) * per_prompt),
+            )
+            flat_prompts = [self.eval_prompts[block][int(g)] for g in group_ids]
+            terms, details = score_all(
+                session.rewards, samples, flat_prompts, step=iteration, offload_device=self.reward_device
+            )
+            local_terms = {k: v.tolist() for k, v in terms.items()}
+            local_details = {k: v.tolist() for k, v in details.items()}
+            images = [samples.data.cpu()]
+        keys = [r.key for r in session.rewards]
+        gathered = gather_objects(self.accelerator, [(local_terms, local_details)])
+        terms = {k: torch.tensor([x for t, _ in gathered for x in t.get(k, [])]) for k in keys}
+        detail_keys = sorted({k for _, d in gathered for k in d})
+        details = {k: torch.tensor([x for _, d in gathered for x in d.get(k, [])]) for k in detail_keys}
         total = sum(r.weight * terms[r.key] for r in session.rewards)
         record: dict[str, float] = {"kind": "eval", "iteration": iteration, "wall_seconds": wall}
         record["reward"] = total.mean().item()
         record.update({f"reward/{k}": v.mean().item() for k, v in terms.items()})
         record.update({f"detail/{k}": v.mean().item() for k, v in details.items()})
+        if recipe.log.save_grids and self.shard.world > 1:
+            images = gather_objects(self.accelerator, images)
         if self.accelerator.is_main_process:
-            self.metrics.write(record)
-            if recipe.log.save_grids:
+            if self.metrics is not None:
+                self.metrics.write(record)
+            if recipe.log.save_grids and images and samples is not None:
+                from dataclasses import replace
+
                 save_grid(
-                    samples,
+                    replace(samples, data=torch.cat(images)),
                     self.run_dir / "samples" / f"eval_{iteration:06d}.png",
                     columns=e.samples_per_prompt,
                 )
@@ -328,8 +471,12 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------ checkpoints
     def save(self, iteration: int, elapsed: float) -> Path | None:
-        if not self.accelerator.is_main_process:
-            return None
+        """The main process writes the checkpoint; the others wait until it is complete."""
+        path = self._write_checkpoint(iteration, elapsed) if self.accelerator.is_main_process else None
+        self.accelerator.wait_for_everyone()
+        return path
+
+    def _write_checkpoint(self, iteration: int, elapsed: float) -> Path:
         rng = {
             "rollout": self.rollout_rng.get_state(),
             "surrogate": self.surrogate_rng.get_state(),
@@ -396,13 +543,27 @@ class Trainer:
             )
 
     def _summary(self, progress: Progress) -> None:
+        """Before / after on the held-out prompts: every reward and detail, and the sample grids."""
         evals = [r for r in _read_jsonl(self.run_dir / "metrics.jsonl") if r.get("kind") == "eval"]
-        if len(evals) >= 2:
-            first, last = evals[0], evals[-1]
-            progress.message(
-                f"held-out reward: {first['reward']:.4f} at iteration {first['iteration']} -> "
-                f"{last['reward']:.4f} at iteration {last['iteration']}  (run dir: {self.run_dir})"
-            )
+        if len(evals) < 2:
+            return
+        first, last = evals[0], evals[-1]
+        progress.message(
+            f"held-out reward: {first['reward']:.4f} at iteration {first['iteration']} -> "
+            f"{last['reward']:.4f} at iteration {last['iteration']}  (run dir: {self.run_dir})"
+        )
+        for key in sorted(k for k in last if k.startswith(("reward/", "detail/")) and k in first):
+            delta = last[key] - first[key]
+            progress.message(f"  {key}: {first[key]:.4f} -> {last[key]:.4f} ({delta:+.4f})")
+        samples = self.run_dir / "samples"
+        grid = save_before_after(
+            samples / f"eval_{first['iteration']:06d}.png",
+            samples / f"eval_{last['iteration']:06d}.png",
+            samples / "before_after.png",
+            rows=len(self.eval_prompts),
+        )
+        if grid is not None:
+            progress.message(f"before/after samples (same prompts, same seeds): {grid}")
 
 
 def _headline(record: dict[str, float]) -> dict[str, float]:

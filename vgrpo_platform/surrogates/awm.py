@@ -56,13 +56,18 @@ class AWMSurrogate:
                 t_max=cfg.t_max,
                 device=x0.device,
                 dtype=pair_dtype,
+                rows=batch.rows,
             )  # [B, K]
+            n_rows = len(batch) if batch.rows is None else len(batch.rows.global_group_ids)
             eps = torch.randn(
-                (len(batch), cfg.n_mc, *latent_shape),
+                (n_rows, cfg.n_mc, *latent_shape),
                 generator=generator,
                 device=generator.device,
                 dtype=pair_dtype,
-            ).to(x0.device, x0.dtype)  # [B, K, *L], one draw per sample
+            )  # [N, K, *L], one draw per sample of the global batch
+            if batch.rows is not None:  # a data-parallel rank keeps its rows
+                eps = batch.rows.local(eps, len(batch))
+            eps = eps.to(x0.device, x0.dtype)  # [B, K, *L]
             x_hat = predict_x0_on_pairs(adapter, x0, t, eps, batch.cond)
             old = fm_pair_losses(x_hat, x0, t, cfg.space)  # [B, K]
             batch.extras.update(t=t, eps=eps, old_pair_loss=old, old_loss=old.mean(dim=1))

@@ -140,6 +140,7 @@ class DiffusionNFTSurrogate:
             t_max=cfg.t_max,
             device=x0.device,
             dtype=torch.promote_types(x0.dtype, torch.float32),
+            rows=batch.rows,
         )
         batch.extras["t"], batch.extras["eps"] = t, eps.to(x0.dtype)
 

@@ -70,6 +70,7 @@ class VGRPOSurrogate:
                 t_max=cfg.t_max,
                 device=x0.device,
                 dtype=pair_dtype,
+                rows=batch.rows,
             )  # [B, K], [B, K, *L]
             eps = eps.to(x0.dtype)
             x_hat = predict_x0_on_pairs(adapter, x0, t, eps, batch.cond)  # [B, K, *L]

@@ -1,0 +1,96 @@
+"""The accelerate configs in ``recipes/accelerate/`` go through accelerate's own loader and the argument
+handling of ``accelerate launch`` (everything before processes start): right distributed type, process
+counts, launcher options. This proves they parse as documented; it does not run them on GPUs (FSDP and
+DeepSpeed were never run here; DDP is run by tests/test_distributed.py with torchrun on CPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
+from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+from accelerate.utils import DistributedType
+from accelerate.utils.launch import prepare_multi_gpu_env
+
+from vgrpo_platform.recipe_schema import TrainSection
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "recipes" / "accelerate"
+# name -> (distributed type, processes in all, machines)
+EXPECTED = {
+    "ddp_1gpu.yaml": (DistributedType.NO, 1, 1),
+    "ddp_8gpu.yaml": (DistributedType.MULTI_GPU, 8, 1),
+    "multinode_2x8.yaml": (DistributedType.MULTI_GPU, 16, 2),
+    "fsdp2_8gpu.yaml": (DistributedType.FSDP, 8, 1),
+    "deepspeed_zero2_8gpu.yaml": (DistributedType.DEEPSPEED, 8, 1),
+}
+
+
+def launch_args(name: str):  # noqa: ANN201 - argparse.Namespace, ClusterConfig
+    """What ``accelerate launch --config_file NAME -m vgrpo_platform.cli run recipe.toml`` resolves to."""
+    argv = ["--config_file", str(CONFIGS / name), "-m", "vgrpo_platform.cli", "run", "recipe.toml"]
+    args, defaults, _ = _validate_launch_command(launch_command_parser().parse_args(argv))
+    return args, defaults
+
+
+def test_the_shipped_configs_are_the_documented_ones():
+    assert sorted(p.name for p in CONFIGS.glob("*.yaml")) == sorted(EXPECTED)
+    doc = (ROOT / "docs" / "scaling.md").read_text()
+    missing = [name for name in EXPECTED if f"recipes/accelerate/{name}" not in doc]
+    assert not missing, f"not in docs/scaling.md: {missing}"
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_config_loads_with_accelerates_own_loader(name):
+    config = load_config_from_file(str(CONFIGS / name))
+    kind, processes, machines = EXPECTED[name]
+    assert isinstance(config, ClusterConfig)
+    assert config.distributed_type == kind
+    assert (config.num_processes, config.num_machines) == (processes, machines)
+    assert config.mixed_precision == "bf16"
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_accelerate_launch_accepts_it_and_knows_every_option(name):
+    args, defaults = launch_args(name)
+    assert args.module and args.training_script == "vgrpo_platform.cli"
+    assert args.training_script_args == ["run", "recipe.toml"]
+    assert (args.multi_gpu, args.use_fsdp, args.use_deepspeed) == (
+        EXPECTED[name][0] == DistributedType.MULTI_GPU,
+        EXPECTED[name][0] == DistributedType.FSDP,
+        EXPECTED[name][0] == DistributedType.DEEPSPEED,
+    )
+    # accelerate copies fsdp_config / deepspeed_config keys onto launch options without checking them:
+    # a misspelt key would be silently ignored, so check each is an option `accelerate launch` has
+    options = {action.dest for action in launch_command_parser()._actions}
+    unknown = [k for k in {**defaults.fsdp_config, **defaults.deepspeed_config} if k not in options]
+    assert not unknown, f"{name}: options accelerate launch does not have: {unknown}"
+
+
+def test_multinode_runs_8_processes_on_each_of_2_machines():
+    args, _ = launch_args("multinode_2x8.yaml")
+    prepare_multi_gpu_env(args)  # sets torchrun's arguments on args
+    assert (args.nproc_per_node, args.nnodes, args.node_rank) == ("8", "2", 0)
+    assert args.rdzv_endpoint.endswith(":29500")
+
+
+def test_the_fsdp_config_gives_fsdp2(monkeypatch):
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    args, _ = launch_args("fsdp2_8gpu.yaml")
+    env = prepare_multi_gpu_env(args)  # the environment each launched process gets
+    for key, value in env.items():
+        if key.startswith(("FSDP_", "ACCELERATE_")):
+            monkeypatch.setenv(key, value)
+    plugin = FullyShardedDataParallelPlugin()  # reads that environment, as the Accelerator would
+    assert plugin.fsdp_version == 2
+    assert plugin.reshard_after_forward is True
+    assert plugin.auto_wrap_policy is not None and plugin.activation_checkpointing is False
+
+
+def test_the_deepspeed_config_is_zero2_and_clips_like_the_recipe_default():
+    args, defaults = launch_args("deepspeed_zero2_8gpu.yaml")
+    assert args.zero_stage == 2 and defaults.deepspeed_config["zero_stage"] == 2
+    assert defaults.deepspeed_config["gradient_clipping"] == TrainSection().grad_clip
+    assert defaults.deepspeed_config["gradient_accumulation_steps"] == 1  # vgrpo accumulates itself

@@ -1,0 +1,175 @@
+"""Faults inside an iteration under both ``train.on_fault`` policies: a reward that returns NaN or
+raises, a NaN loss, out of memory in a rollout. "stop" saves an exact checkpoint and says so in one
+line; "skip" drops the iteration and goes on; neither loses saved work."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from vgrpo_platform.checkpoint import list_checkpoints
+from vgrpo_platform.errors import RewardError
+from vgrpo_platform.faults import NonFiniteLossError, RolloutOutOfMemory, is_out_of_memory
+from vgrpo_platform.metrics import read_metrics
+from vgrpo_platform.recipe import resolve_recipe
+from vgrpo_platform.train import Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+TOY = ROOT / "recipes" / "toy.toml"
+TIMING_KEYS = {"time_rollout", "time_reward", "time_train", "time_iteration", "wall_seconds"}
+BASE = ("train.iterations=5", "eval.every=0", "log.checkpoint_every=0", "log.diagnostics_every=0")
+
+
+def toy(tmp_path: Path, name: str, *overrides: str):
+    base = [f"run.output_dir={tmp_path.as_posix()!r}", f"run.name={name!r}", "log.progress='none'"]
+    return resolve_recipe(TOY, [*base, *BASE, *overrides])
+
+
+def without_timing(records: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in records]
+
+
+def fail_on(trainer: Trainer, target: str, iterations: set[int], failure) -> None:  # noqa: ANN001
+    """Make ``target`` ("reward", "loss" or "sample") fail while the trainer runs those iterations."""
+    current = {"iteration": 0}
+    original_iterate = trainer.iterate
+
+    def iterate(iteration: int):  # noqa: ANN202
+        current["iteration"] = iteration
+        return original_iterate(iteration)
+
+    trainer.iterate = iterate
+    if target == "reward":
+        obj, name = trainer.session.rewards[0].reward, "score"
+    elif target == "loss":
+        obj, name = trainer.session.surrogate, "loss"
+    else:
+        obj, name = trainer.session.adapter, "sample"
+    original = getattr(obj, name)
+
+    def patched(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        out = original(*args, **kwargs)
+        if current["iteration"] in iterations:
+            return failure(out)
+        return out
+
+    setattr(obj, name, patched)
+
+
+def nan_scores(out):  # noqa: ANN001, ANN201
+    return torch.full_like(torch.as_tensor(out), float("nan"))
+
+
+def raise_(exc: BaseException):  # noqa: ANN201
+    def fail(_out):  # noqa: ANN001, ANN202
+        raise exc
+
+    return fail
+
+
+def nan_loss(out):  # noqa: ANN001, ANN201
+    loss, metrics = out
+    return loss * float("nan"), metrics
+
+
+def test_stop_on_a_nan_reward_saves_the_previous_iteration_exactly_and_resume_matches(tmp_path):
+    reference = Trainer(toy(tmp_path, "ref")).run()
+
+    trainer = Trainer(toy(tmp_path, "nan"))
+    fail_on(trainer, "reward", {3}, nan_scores)
+    with pytest.raises(RewardError) as info:
+        trainer.run()
+    message = str(info.value)
+    assert "\n" not in message
+    assert "iteration 3" in message and "nan" in message.lower()
+    assert "checkpoint of iteration 2 saved" in message and "on_fault = 'skip'" in message
+    assert [p.name for p in list_checkpoints(trainer.run_dir)] == ["iter_000002"]
+
+    # the reward is fixed: --resume replays iteration 3 from exactly the state it started with
+    resumed = Trainer(toy(tmp_path, "nan"), resume=True).run()
+    assert without_timing(read_metrics(resumed / "metrics.jsonl")) == without_timing(
+        read_metrics(reference / "metrics.jsonl")
+    )
+
+
+def test_skip_drops_the_faulty_iteration_without_touching_the_weights_and_goes_on(tmp_path):
+    trainer = Trainer(toy(tmp_path, "skip", "train.on_fault='skip'"))
+    snapshots: dict[int, dict[str, torch.Tensor]] = {}
+    original_iterate = Trainer.iterate
+
+    def iterate_and_snapshot(iteration: int):  # noqa: ANN202
+        snapshots[iteration] = {k: p.detach().clone() for k, p in trainer.session.trainable.items()}
+        return original_iterate(trainer, iteration)
+
+    trainer.iterate = iterate_and_snapshot
+    fail_on(trainer, "reward", {2}, raise_(RuntimeError("reward server down")))
+    trainer.run()
+
+    records = read_metrics(trainer.run_dir / "metrics.jsonl")
+    kinds = [(r["kind"], r["iteration"]) for r in records]
+    assert kinds == [("eval", 0), ("train", 1), ("skipped", 2), ("train", 3), ("train", 4), ("train", 5),
+                     ("eval", 5)]
+    skipped = records[2]
+    assert "reward server down" in skipped["reason"] and "iteration 2" in skipped["reason"]
+    for key in snapshots[2]:  # iteration 2 changed nothing, iteration 3 did
+        assert torch.equal(snapshots[2][key], snapshots[3][key])
+    assert any(not torch.equal(snapshots[3][k], snapshots[4][k]) for k in snapshots[3])
+    assert [p.name for p in list_checkpoints(trainer.run_dir)] == ["iter_000005"]
+
+
+def test_skip_still_stops_after_too_many_faults_in_a_row(tmp_path):
+    trainer = Trainer(toy(tmp_path, "many", "train.on_fault='skip'", "train.max_consecutive_skips=2"))
+    fail_on(trainer, "reward", {2, 3, 4}, nan_scores)
+    with pytest.raises(RewardError, match="iteration 3"):
+        trainer.run()
+    kinds = [(r["kind"], r["iteration"]) for r in read_metrics(trainer.run_dir / "metrics.jsonl")]
+    assert kinds == [("eval", 0), ("train", 1), ("skipped", 2)]
+    # the stop at iteration 3 saved the state after iteration 2 (a skipped one: the weights of 1)
+    assert [p.name for p in list_checkpoints(trainer.run_dir)] == ["iter_000002"]
+
+
+def test_a_nan_loss_stops_with_a_checkpoint_and_names_the_iteration(tmp_path):
+    trainer = Trainer(toy(tmp_path, "loss"))
+    fail_on(trainer, "loss", {4}, nan_loss)
+    with pytest.raises(NonFiniteLossError) as info:
+        trainer.run()
+    message = str(info.value)
+    assert "loss became nan at iteration 4" in message and "train.lr" in message
+    assert [p.name for p in list_checkpoints(trainer.run_dir)] == ["iter_000003"]
+
+
+def test_out_of_memory_in_a_rollout_is_skipped_with_advice(tmp_path):
+    trainer = Trainer(toy(tmp_path, "oom", "train.on_fault='skip'"))
+    oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
+    fail_on(trainer, "sample", {3}, raise_(oom))
+    trainer.run()
+    records = read_metrics(trainer.run_dir / "metrics.jsonl")
+    skipped = [r for r in records if r["kind"] == "skipped"]
+    assert [r["iteration"] for r in skipped] == [3]
+    assert "out of memory during the rollout of iteration 3" in skipped[0]["reason"]
+    assert "train.micro_batch_size" in skipped[0]["reason"]
+    assert len([r for r in records if r["kind"] == "train"]) == 4
+
+
+def test_a_bug_is_not_mistaken_for_a_fault(tmp_path):
+    """Only the listed faults are caught: a plain error in the adapter keeps its traceback."""
+    trainer = Trainer(toy(tmp_path, "bug", "train.on_fault='skip'"))
+    fail_on(trainer, "sample", {2}, raise_(ValueError("shape mismatch")))
+    with pytest.raises(ValueError, match="shape mismatch"):
+        trainer.run()
+
+
+@pytest.mark.parametrize(
+    ("exc", "expected"),
+    [
+        (torch.OutOfMemoryError("CUDA out of memory"), True),
+        (RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 9 GB"), True),
+        (MemoryError(), True),
+        (RuntimeError("size mismatch"), False),
+    ],
+)
+def test_out_of_memory_is_recognised_on_gpu_and_cpu(exc, expected):
+    assert is_out_of_memory(exc) is expected
+    assert issubclass(RolloutOutOfMemory, Exception)
