@@ -17,14 +17,16 @@ def test_before_after_puts_the_same_rows_of_two_grids_side_by_side(tmp_path):
     save_grid(dark, tmp_path / "a.png", columns=columns)
     save_grid(bright, tmp_path / "b.png", columns=columns)
     out = save_before_after(tmp_path / "a.png", tmp_path / "b.png", tmp_path / "ba.png", rows=rows,
-                            keep_rows=3, min_height=1)
+                            keep_rows=3, pair_columns=2, min_height=1)
     image = np.asarray(Image.open(out))
     grid_w, row_h = columns * (side + 2), side + 2
-    assert image.shape[1] == 2 * grid_w + 8  # two panels and the gap
-    assert image.shape[0] == 14 + 3 * row_h  # label strip + the first 3 rows only
-    left = image[14 + 1 : 14 + 1 + side, 1 : 1 + side]
-    right = image[14 + 1 : 14 + 1 + side, grid_w + 8 + 1 : grid_w + 8 + 1 + side]
-    assert left.max() == 0 and right.min() == 255  # before on the left, after on the right
+    pair_w = 2 * grid_w + 4
+    assert image.shape[1] == 2 * pair_w + 12  # two (before | after) pairs across
+    assert image.shape[0] == 12 + 2 * row_h  # label strip + 3 prompt rows on 2 lines
+    for x0, y0 in ((0, 12), (pair_w + 12, 12), (0, 12 + row_h)):  # each pair: dark before, bright after
+        before = image[y0 + 1 : y0 + 1 + side, x0 + 1 : x0 + 1 + side]
+        after = image[y0 + 1 : y0 + 1 + side, x0 + grid_w + 4 + 1 : x0 + grid_w + 4 + 1 + side]
+        assert before.max() == 0 and after.min() == 255
 
 
 def test_before_after_enlarges_small_grids_and_skips_missing_ones(tmp_path):

@@ -43,33 +43,47 @@ def save_grid(samples: Samples, path: Path, *, columns: int, scale: int = 1) -> 
 
 
 def save_before_after(
-    before: Path, after: Path, out: Path, *, rows: int, keep_rows: int = 16, min_height: int = 512
+    before: Path,
+    after: Path,
+    out: Path,
+    *,
+    rows: int,
+    keep_rows: int = 16,
+    pair_columns: int = 4,
+    min_height: int = 512,
 ) -> Path | None:
-    """The first ``keep_rows`` rows (prompts) of two evaluation grids side by side, labelled.
+    """The first ``keep_rows`` prompt rows of two evaluation grids, each prompt's before beside its after.
 
     Evaluations use fixed seeds, so the two grids hold the same prompts and the same noise: any
-    difference is the training. ``rows`` is the number of prompt rows in each grid; small frames
-    are enlarged (nearest neighbour) to at least ``min_height`` pixels so they can be judged.
+    difference is the training. ``rows`` is the number of prompt rows in each grid. The
+    (before | after) pairs are tiled ``pair_columns`` across under a "before | after" label; small
+    frames are enlarged (nearest neighbour) to at least ``min_height`` pixels so they can be judged.
     """
     if not (before.is_file() and after.is_file()) or rows < 1:
         return None
-    panels = []
-    for path in (before, after):
-        image = Image.open(path).convert("RGB")
-        row_height = image.height // rows
-        panels.append(image.crop((0, 0, image.width, row_height * min(rows, keep_rows))))
-    gap, header = 8, 14
-    width = sum(p.width for p in panels) + gap
-    height = max(p.height for p in panels)
-    canvas = Image.new("RGB", (width, height + header), (255, 255, 255))
+    grids = [Image.open(path).convert("RGB") for path in (before, after)]
+    row_height = min(g.height for g in grids) // rows
+    n = min(rows, keep_rows)
+    gap, header = 4, 12
+    pair_width = grids[0].width + gap + grids[1].width
+    columns = max(1, min(pair_columns, n))
+    lines = -(-n // columns)
+    canvas = Image.new(
+        "RGB", (columns * pair_width + (columns - 1) * 3 * gap, header + lines * row_height), (255, 255, 255)
+    )
     from PIL import ImageDraw
 
     draw = ImageDraw.Draw(canvas)
-    x = 0
-    for label, panel in zip(("before", "after"), panels, strict=True):
-        canvas.paste(panel, (x, header))
-        draw.text((x + 2, 1), label, fill=(0, 0, 0))
-        x += panel.width + gap
+    for c in range(columns):
+        x = c * (pair_width + 3 * gap)
+        draw.text((x + 1, 0), "before", fill=(0, 0, 0))
+        draw.text((x + grids[0].width + gap + 1, 0), "after", fill=(0, 0, 0))
+    for i in range(n):
+        line, c = divmod(i, columns)
+        x, y = c * (pair_width + 3 * gap), header + line * row_height
+        box = (0, i * row_height, 0, (i + 1) * row_height)
+        canvas.paste(grids[0].crop((0, box[1], grids[0].width, box[3])), (x, y))
+        canvas.paste(grids[1].crop((0, box[1], grids[1].width, box[3])), (x + grids[0].width + gap, y))
     scale = max(1, -(-min_height // canvas.height))
     if scale > 1:
         canvas = canvas.resize((canvas.width * scale, canvas.height * scale), Image.NEAREST)
