@@ -56,6 +56,7 @@ def test_short_quickstart_runs_end_to_end(tmp_path: Path) -> None:
     for e in evals:
         assert 0 <= e["detail/shapes/correct"] <= 1
     assert (run_dir / "samples").is_dir() and any((run_dir / "checkpoints").iterdir())
+    assert (run_dir / "samples" / "before_after.png").is_file()  # same prompts and seeds, before | after
 
 
 @pytest.mark.slow
