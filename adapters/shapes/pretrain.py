@@ -2,11 +2,14 @@
 
 Flow matching (rectified flow, ``z_t = (1 - t) x0 + t eps``, target ``v = eps - x0``, MSE) on
 (prompt, rendered image) pairs drawn fresh every step from the world's *train* split, with
-``t = warp(u)``, ``u ~ U(0, 1)``: the adapter's own schedule, so pretraining and the RL surrogate see
-the same timestep distribution. The transformer and the (randomly initialised) text encoder learn
-jointly; in RL the text encoder is frozen. Training stops after a fixed number of steps (or a
-wall-clock cap): stopping early is what leaves the model imperfect, most of all on the held-out
-compositions, so that RL has something to teach.
+``t = warp(u)``, ``u ~ U(0, 1)`` under ``train_shift`` (1 = uniform ``t``: the low-noise steps that
+draw a shape's corners get as much training as the high-noise ones that place it; sampling and the
+RL surrogate use the adapter's shift 3). The transformer and the (randomly initialised) text encoder
+learn jointly; in RL the text encoder is frozen. The learning rate warms up, then decays on a cosine
+to ``lr_final_ratio``; the shipped weights are an exponential moving average of the trained ones
+(``ema_decay``), which samples cleaner than the last iterate. Training stops after a fixed number of
+steps (or a wall-clock cap): stopping early is what leaves the model imperfect, most of all on the
+held-out compositions, so that RL has something to teach.
 
 Reproducible: one seed drives the initial weights, the prompts, the layouts, the noise and the
 timesteps; the same ``--steps`` and ``--seed`` give the same model up to float summation order
@@ -20,7 +23,8 @@ import math
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -61,7 +65,7 @@ class ModelSize:
 
     resolution: int = 32
     patch_size: int = 4  # 8 x 8 image tokens at 32 px: 4x fewer than patch 2, what makes CPU RL fast
-    num_layers: int = 2
+    num_layers: int = 4
     num_heads: int = 4
     head_dim: int = 32
     text_dim: int = 64
@@ -72,13 +76,16 @@ class ModelSize:
 
 @dataclass(frozen=True)
 class PretrainConfig:
-    steps: int = 1500
+    steps: int = 14000
     batch_size: int = 32
-    lr: float = 3e-3
-    warmup_steps: int = 100
+    lr: float = 2e-3
+    lr_final_ratio: float = 0.05  # cosine decay from lr to lr * this over the steps
+    warmup_steps: int = 200
     weight_decay: float = 0.01
     grad_clip: float = 1.0
-    shift: float = 3.0  # the ``shapes`` adapter's default: more training and sampling at high noise
+    ema_decay: float = 0.999  # the saved model is this EMA of the weights
+    shift: float = 3.0  # the ``shapes`` adapter's sampling shift, used by the evaluations
+    train_shift: float = 1.0  # timestep shift of the training draws (1 = uniform t)
     seed: int = 0
     max_minutes: float | None = None  # wall-clock cap; None = run all steps
 
@@ -180,14 +187,20 @@ def pretrain(
     gen = torch.Generator().manual_seed(config.seed)
     prompts = train_prompts()
     with tempfile.TemporaryDirectory(prefix="vgrpo_shapes_init_") as tmp:
-        adapter = ToyAdapter.load(build_initial(Path(tmp) / "init", size, config.seed), shift=config.shift)
+        adapter = ToyAdapter.load(
+            build_initial(Path(tmp) / "init", size, config.seed), shift=config.train_shift
+        )
     adapter.denoiser.train()
     adapter.text_encoder.requires_grad_(True).train()
     params = [*adapter.denoiser.parameters(), *adapter.text_encoder.parameters()]
+    ema = torch.optim.swa_utils.AveragedModel(
+        torch.nn.ModuleList([adapter.denoiser, adapter.text_encoder]),
+        avg_fn=ema_with_warmup(config.ema_decay),
+    )
     opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, config.warmup_steps)))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, config))
     t0 = time.perf_counter()
-    ema, step = math.nan, 0
+    loss_ema, step = math.nan, 0
     for step in range(1, config.steps + 1):
         batch = [prompts[i] for i in rng.integers(len(prompts), size=config.batch_size)]
         x0 = render_batch(batch, rng, size.resolution)
@@ -197,21 +210,24 @@ def pretrain(
         torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
         opt.step()
         sched.step()
-        ema = loss.item() if math.isnan(ema) else 0.98 * ema + 0.02 * loss.item()
+        ema.update_parameters(torch.nn.ModuleList([adapter.denoiser, adapter.text_encoder]))
+        loss_ema = loss.item() if math.isnan(loss_ema) else 0.98 * loss_ema + 0.02 * loss.item()
         elapsed = time.perf_counter() - t0
         if step % 100 == 0 or step == config.steps:
-            log(f"step {step}/{config.steps}  loss {ema:.4f}  {elapsed / 60:.1f} min")
+            log(f"step {step}/{config.steps}  loss {loss_ema:.4f}  {elapsed / 60:.1f} min")
         if eval_every and step % eval_every == 0:
-            _eval_log(adapter, log, step)
-            if snapshot_dir is not None:
-                save_model(adapter, Path(snapshot_dir) / f"step_{step}")
+            with averaged(adapter, ema):
+                _eval_log(adapter, log, step, config.shift)
+                if snapshot_dir is not None:
+                    save_model(adapter, Path(snapshot_dir) / f"step_{step}")
         if config.max_minutes is not None and elapsed > 60 * config.max_minutes:
             log(f"stopping at step {step}: {config.max_minutes} min cap reached")
             break
     seconds = time.perf_counter() - t0
-    save_model(adapter, out)
+    with averaged(adapter, ema):
+        save_model(adapter, out)
     report: dict = {
-        "steps": step, "seconds": seconds, "loss_ema": ema, "threads": torch.get_num_threads(),
+        "steps": step, "seconds": seconds, "loss_ema": loss_ema, "threads": torch.get_num_threads(),
         "config": asdict(config), "size": asdict(size),
     }
     if eval_seeds:
@@ -224,10 +240,48 @@ def pretrain(
     return report
 
 
-def _eval_log(adapter: ToyAdapter, log: Callable[[str], None], step: int) -> None:
+def ema_with_warmup(decay: float) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+    """EMA step for ``AveragedModel``: the decay ramps up as ``(1 + n) / (10 + n)`` to ``decay``, so
+    the random initial weights are forgotten quickly (a plain 0.999 EMA keeps 13% of them at step 2000)."""
+
+    def average(averaged: torch.Tensor, current: torch.Tensor, num_averaged: torch.Tensor) -> torch.Tensor:
+        n = float(num_averaged)
+        d = min(decay, (1.0 + n) / (10.0 + n))
+        return averaged * d + current * (1.0 - d)
+
+    return average
+
+
+def lr_factor(step: int, config: PretrainConfig) -> float:
+    """Linear warm-up, then a cosine from 1 to ``lr_final_ratio`` at ``config.steps``."""
+    if step < config.warmup_steps:
+        return (step + 1) / config.warmup_steps
+    progress = min(1.0, (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps))
+    return config.lr_final_ratio + (1 - config.lr_final_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+@contextmanager
+def averaged(adapter: ToyAdapter, ema: torch.optim.swa_utils.AveragedModel) -> Iterator[None]:
+    """Swap the EMA weights into the adapter's modules for the block, then put the trained ones back."""
+    modules = torch.nn.ModuleList([adapter.denoiser, adapter.text_encoder])
+    trained = [p.detach().clone() for p in modules.parameters()]
+    with torch.no_grad():
+        for p, q in zip(modules.parameters(), ema.module.parameters(), strict=True):
+            p.copy_(q)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for p, q in zip(modules.parameters(), trained, strict=True):
+                p.copy_(q)
+
+
+def _eval_log(adapter: ToyAdapter, log: Callable[[str], None], step: int, shift: float) -> None:
     adapter.denoiser.eval()
-    scores = evaluate(adapter, heldout_prompts()[::2], seeds=(0,))
+    sampling = ToyAdapter(adapter.denoiser, adapter.text_encoder, adapter.tokenizer, shift=shift)
+    scores = evaluate(sampling, heldout_prompts()[::2], seeds=(0,))
     adapter.denoiser.train()
+    adapter.text_encoder.requires_grad_(True).train()  # the sampling view froze it
     log(f"eval @{step}: " + "  ".join(f"{k} {v:.3f}" for k, v in scores.items()))
 
 
