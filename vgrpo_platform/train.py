@@ -219,20 +219,27 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return {"kind": "skipped", "iteration": iteration, "reason": str(fault)}
 
-    def _loop_state(self) -> dict:
-        """What an iteration consumes besides the weights: restoring it replays the iteration."""
-        rngs = (self.rollout_rng, self.surrogate_rng, self.shuffle_rng)
+    def _rng_state(self) -> dict[str, torch.Tensor]:
+        """Every RNG state the loop draws from (what a checkpoint stores under ``rng``)."""
         return {
-            "rng": [g.get_state() for g in rngs],
+            "rollout": self.rollout_rng.get_state(),
+            "surrogate": self.surrogate_rng.get_state(),
+            "shuffle": self.shuffle_rng.get_state(),
             "torch": torch.get_rng_state(),
-            "prompts": self.prompts.state_dict(),
         }
 
+    def _set_rng_state(self, rng: dict[str, torch.Tensor]) -> None:
+        self.rollout_rng.set_state(rng["rollout"])
+        self.surrogate_rng.set_state(rng["surrogate"])
+        self.shuffle_rng.set_state(rng["shuffle"])
+        torch.set_rng_state(rng["torch"])
+
+    def _loop_state(self) -> dict:
+        """What an iteration consumes besides the weights: restoring it replays the iteration."""
+        return {"rng": self._rng_state(), "prompts": self.prompts.state_dict()}
+
     def _set_loop_state(self, state: dict) -> None:
-        rngs = (self.rollout_rng, self.surrogate_rng, self.shuffle_rng)
-        for g, saved in zip(rngs, state["rng"], strict=True):
-            g.set_state(saved)
-        torch.set_rng_state(state["torch"])
+        self._set_rng_state(state["rng"])
         self.prompts.load_state_dict(state["prompts"])
 
     def _agree_on_fault(self, fault: VgrpoError | None) -> None:
@@ -427,9 +434,10 @@ class Trainer:
         images: list[torch.Tensor] = []
         samples = None
         if block.stop > block.start:
+            mine = self.eval_prompts[block]
             group_ids, _, _, _, samples = generate(
                 session.adapter,
-                self.eval_prompts[block],
+                mine,
                 group_size=per_prompt,
                 sampler=sampler,
                 generator=torch.Generator().manual_seed(e.seed),
@@ -437,7 +445,7 @@ class Trainer:
                 device=self.device,
                 noise_window=(block.start * per_prompt, len(self.eval_prompts) * per_prompt),
             )
-            flat_prompts = [self.eval_prompts[block][int(g)] for g in group_ids]
+            flat_prompts = [mine[int(g)] for g in group_ids]
             terms, details = score_all(
                 session.rewards, samples, flat_prompts, step=iteration, offload_device=self.reward_device
             )
@@ -477,12 +485,7 @@ class Trainer:
         return path
 
     def _write_checkpoint(self, iteration: int, elapsed: float) -> Path:
-        rng = {
-            "rollout": self.rollout_rng.get_state(),
-            "surrogate": self.surrogate_rng.get_state(),
-            "shuffle": self.shuffle_rng.get_state(),
-            "torch": torch.get_rng_state(),
-        }
+        rng = self._rng_state()
         state = {
             "fingerprint": fingerprint(self.recipe),
             "prompt_sampler": self.prompts.state_dict(),
@@ -527,10 +530,7 @@ class Trainer:
                 p.copy_(ckpt.weights[name].to(p.device, p.dtype))
         self.optimizer.load_state_dict(ckpt.optimizer["optimizer"])
         self.lr_schedule.load_state_dict(ckpt.optimizer["lr_schedule"])
-        self.rollout_rng.set_state(ckpt.rng["rollout"])
-        self.surrogate_rng.set_state(ckpt.rng["surrogate"])
-        self.shuffle_rng.set_state(ckpt.rng["shuffle"])
-        torch.set_rng_state(ckpt.rng["torch"])
+        self._set_rng_state(ckpt.rng)
         self.prompts.load_state_dict(ckpt.state["prompt_sampler"])
         self.start_iteration = int(ckpt.state["iteration"])
         self.elapsed = float(ckpt.state.get("elapsed_seconds", 0.0))
