@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from vgrpo_platform.checkpoint import list_checkpoints
-from vgrpo_platform.distributed import RowsOf, Shard
+from vgrpo_platform.distributed import RowsOf, Shard, lockstep_rows
 from vgrpo_platform.errors import RecipeError
 from vgrpo_platform.metrics import read_metrics
 from vgrpo_platform.timesteps import draw_pairs
@@ -42,15 +42,36 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(tmp_path: Path, name: str, launcher: list[str], extra: tuple[str, ...] = ()) -> Path:
+def _run(
+    tmp_path: Path, name: str, launcher: list[str], extra: tuple[str, ...] = (), flags: tuple[str, ...] = ()
+) -> Path:
     sets = [f"run.output_dir={tmp_path.as_posix()!r}", f"run.name={name!r}", *SETTINGS, *extra]
-    args = [*launcher, "-m", "vgrpo_platform", "run", str(TOY)]
+    args = [*launcher, "run", str(TOY), *flags]
     for item in sets:
         args += ["--set", item]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+    (tmp_path / name / "stdout.txt").write_text(done.stdout)
     return tmp_path / name
+
+
+def _torchrun(*entry: str) -> list[str]:
+    port = f"--master_port={_free_port()}"
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", port, *entry]
+
+
+# DDP through accelerate's own launch path; FSDP2 (parameters sharded as DTensors, one unit per
+# transformer block) forced on CPU by tests/fsdp2_cpu.py, since accelerate enables FSDP only on GPUs
+LAUNCHERS = {
+    "DDP": lambda: _torchrun("-m", "vgrpo_platform"),
+    "FSDP2": lambda: _torchrun(str(ROOT / "tests" / "fsdp2_cpu.py")),
+}
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory) -> Path:
+    return _run(tmp_path_factory.mktemp("single"), "single", [sys.executable, "-m", "vgrpo_platform"])
 
 
 def _final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -64,14 +85,12 @@ def _close(a: float | str, b: float | str) -> bool:
     return abs(a - b) <= 1e-5 * max(1.0, abs(a), abs(b))
 
 
-def test_two_processes_equal_one_process_on_the_same_global_batch(tmp_path):
-    single = _run(tmp_path, "single", [sys.executable])
-    torchrun = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
-    ]
-    ddp = _run(tmp_path, "ddp", torchrun)
+@pytest.mark.parametrize("kind", sorted(LAUNCHERS))
+def test_two_processes_equal_one_process_on_the_same_global_batch(tmp_path, single, kind):
+    ranks = _run(tmp_path, kind.lower(), LAUNCHERS[kind](), ("log.progress='plain'",))
+    assert f"data parallel: 2 processes, {kind}" in (ranks / "stdout.txt").read_text()
 
-    one, two = read_metrics(single / "metrics.jsonl"), read_metrics(ddp / "metrics.jsonl")
+    one, two = read_metrics(single / "metrics.jsonl"), read_metrics(ranks / "metrics.jsonl")
     assert [r["kind"] for r in one] == [r["kind"] for r in two] == ["eval", "train", "train", "train", "eval"]
     for a, b in zip(one, two, strict=True):
         assert set(a) == set(b)
@@ -79,22 +98,52 @@ def test_two_processes_equal_one_process_on_the_same_global_batch(tmp_path):
         for key in sorted(k for k in set(a) - TIMING_KEYS if not k.startswith("diag/")):
             assert _close(a[key], b[key]), (a["kind"], a["iteration"], key, a[key], b[key])
     assert "diag/cv" in one[2] and "diag/cv" in two[2], "the diagnostics ran (under no_sync) in both runs"
-    # the update moved the weights, identically
-    w1, w2 = _final_weights(single), _final_weights(ddp)
+    # the update moved the weights, identically (FSDP2: gathered from the shards into full tensors)
+    w1, w2 = _final_weights(single), _final_weights(ranks)
     assert w1.keys() == w2.keys()
     moved = 0.0
     for key in w1:
         torch.testing.assert_close(w1[key], w2[key], rtol=1e-5, atol=1e-6)
         moved += float(w1[key].abs().sum())
     assert moved > 0
+    # the optimiser state is stored whole, in the single-process layout
+    o1, o2 = (
+        torch.load(list_checkpoints(r)[-1] / "optimizer.pt", weights_only=True) for r in (single, ranks)
+    )
+    for index, state in o1["optimizer"]["state"].items():
+        torch.testing.assert_close(state["exp_avg_sq"], o2["optimizer"]["state"][index]["exp_avg_sq"])
     # one writer: a single metrics file with one line per record, no duplicates from rank 1
-    assert len((ddp / "metrics.jsonl").read_text().splitlines()) == len(two)
+    assert len((ranks / "metrics.jsonl").read_text().splitlines()) == len(two)
+
+
+def test_a_sharded_run_resumes_from_its_full_checkpoint(tmp_path, single):
+    """FSDP2 stops after iteration 2 and resumes: the shards are rebuilt from the full tensors."""
+    first = _run(tmp_path, "fsdp", LAUNCHERS["FSDP2"](), ("train.iterations=2",))
+    assert [p.name for p in list_checkpoints(first)] == ["iter_000002"]
+    _run(tmp_path, "fsdp", LAUNCHERS["FSDP2"](), flags=("--resume",))
+    one, resumed = read_metrics(single / "metrics.jsonl"), read_metrics(first / "metrics.jsonl")
+    train_one = [r for r in one if r["kind"] == "train"]
+    train_resumed = [r for r in resumed if r["kind"] == "train"]
+    assert [r["iteration"] for r in train_resumed] == [1, 2, 3]
+    for a, b in zip(train_one, train_resumed, strict=True):
+        for key in sorted(set(a) - TIMING_KEYS - {"diag/cv", "diag/within_group_cv", "diag/grad_corr"}):
+            assert _close(a[key], b[key]), (a["iteration"], key, a[key], b[key])
+    for key, value in _final_weights(single).items():
+        torch.testing.assert_close(value, _final_weights(first)[key], rtol=1e-5, atol=1e-6)
 
 
 def test_an_uneven_prompt_split_fails_before_training():
     with pytest.raises(RecipeError, match="multiple of 2"):
         Shard(rank=0, world=2).prompt_block(3)
     assert [Shard(r, 2).block(3) for r in (0, 1)] == [slice(0, 1), slice(1, 3)]
+    # evaluation pads the smaller share to the largest, so sharded models forward in lockstep
+    assert [lockstep_rows(Shard(0, w), n) for w, n in ((2, 3), (2, 4), (4, 3), (3, 10))] == [2, 2, 1, 4]
+    assert all(
+        lockstep_rows(Shard(0, w), n) >= len(range(n)[Shard(r, w).block(n)])
+        for w in (2, 3, 5)
+        for n in range(12)
+        for r in range(w)
+    )
 
 
 @pytest.mark.parametrize("scope", ["group", "sample", "batch"])
@@ -104,7 +153,33 @@ def test_pairs_drawn_by_a_rank_are_its_rows_of_the_global_draw(scope):
     whole = draw_pairs(ids, 2, (2, 2), generator=torch.Generator().manual_seed(5), scope=scope)
     for start, stop in ((0, 6), (6, 12)):
         part = draw_pairs(
-            ids[start:stop], 2, (2, 2), generator=torch.Generator().manual_seed(5), scope=scope,
+            ids[start:stop],
+            2,
+            (2, 2),
+            generator=torch.Generator().manual_seed(5),
+            scope=scope,
             rows=RowsOf(ids, start),
         )
         assert torch.equal(part[0], whole[0][start:stop]) and torch.equal(part[1], whole[1][start:stop])
+
+
+def test_full_state_helpers_pass_plain_tensors_through_unchanged():
+    """Without FSDP the checkpoint helpers are the identity (the sharded path runs in the FSDP2 tests)."""
+    from vgrpo_platform import sharding
+
+    params = {"b": torch.nn.Parameter(torch.randn(3)), "a": torch.nn.Parameter(torch.randn(2, 2))}
+    optimizer = torch.optim.AdamW(params.values(), lr=0.1)
+    sum(p.square().sum() for p in params.values()).backward()
+    optimizer.step()
+    state = optimizer.state_dict()
+    full = sharding.full_optimizer_state(state)
+    again = sharding.shard_optimizer_state(full, optimizer)
+    for index, entry in state["state"].items():
+        for key, value in entry.items():
+            torch.testing.assert_close(again["state"][index][key], value)
+    weights = sharding.full_weights(params)
+    assert list(weights) == ["a", "b"] and all(torch.equal(weights[k], params[k]) for k in params)
+    sharding.load_weights(params, {k: torch.zeros_like(v) for k, v in weights.items()})
+    assert all(float(p.abs().sum()) == 0 for p in params.values())
+    with sharding.unsharded(torch.nn.Linear(2, 2)):  # no FSDP unit inside: nothing to gather
+        pass

@@ -134,17 +134,59 @@ class RoutedDenoiser:
         self.module.forward = self._original_forward
 
 
-def wrap_for_data_parallel(accelerator: Any, module: torch.nn.Module) -> RoutedDenoiser | None:
-    """``accelerator.prepare`` the trainable module when running on several processes (else None)."""
+def _distributed_type(accelerator: Any) -> str:
+    return str(accelerator.distributed_type).rsplit(".", 1)[-1]  # "MULTI_GPU", "FSDP", ...
+
+
+def describe(accelerator: Any) -> str:
+    """How the policy is made data-parallel, in a user's words: ``"DDP"``, ``"FSDP2"``, ..."""
+    kind = _distributed_type(accelerator)
+    if kind == "FSDP":
+        return "FSDP2" if getattr(accelerator, "is_fsdp2", False) else "FSDP1"
+    return "DDP" if kind.startswith("MULTI_") else kind
+
+
+def prepare_for_data_parallel(
+    accelerator: Any, module: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> tuple[RoutedDenoiser | None, torch.optim.Optimizer]:
+    """Let accelerate make ``module`` data-parallel; returns the routing (DDP) and the optimiser to use.
+
+    DDP wraps the module, so its calls are routed through the wrapper. FSDP2 shards the module in
+    place (its parameters become ``DTensor`` slices that each forward gathers) and needs the
+    optimiser prepared with it; the caller must then re-read the parameters (``sharding``). One
+    process: nothing changes.
+    """
     if accelerator.num_processes == 1:
-        return None
+        return None, optimizer
+    kind = _distributed_type(accelerator)
+    if kind == "DEEPSPEED":
+        raise RecipeError(
+            "DeepSpeed launches are not supported yet; launch with recipes/accelerate/fsdp2_8gpu.yaml "
+            "(FSDP2 shards parameters, gradients and optimiser state like ZeRO-3) or a DDP config"
+        )
+    if kind == "FSDP":
+        if not getattr(accelerator, "is_fsdp2", False):
+            raise RecipeError("FSDP1 is not supported; set fsdp_version: 2 in the accelerate config")
+        sharded, optimizer = accelerator.prepare(module, optimizer)
+        if sharded is not module:  # FSDP2 shards in place: the adapter keeps calling its own module
+            raise RecipeError("accelerate replaced the model instead of sharding it in place; use FSDP2")
+        return None, optimizer
     wrapper = accelerator.prepare_model(module)
     if wrapper is module:  # a distributed type accelerate does not wrap: gradients would not sync
         raise RecipeError(
             f"accelerate's distributed type {accelerator.distributed_type} left the model unwrapped; "
-            "launch with a DDP, FSDP or DeepSpeed config (see docs/scaling.md)"
+            "launch with a DDP or FSDP2 config (see docs/scaling.md)"
         )
-    return RoutedDenoiser(module, wrapper)
+    return RoutedDenoiser(module, wrapper), optimizer
+
+
+def lockstep_rows(shard: Shard, n_items: int) -> int:
+    """How many items every rank processes when ``n_items`` split unevenly (the largest share).
+
+    Sharded models gather their weights in each forward pass, a collective: ranks must run the
+    same number of forwards, so a rank with a smaller share pads its batch up to this.
+    """
+    return -(-n_items // shard.world)
 
 
 @contextmanager

@@ -67,6 +67,9 @@ class TrainSection(Section):
     adam_betas: tuple[float, float] = (0.9, 0.999)
     adam_eps: float = 1e-8
     warmup_steps: int = Field(0, ge=0)
+    # after warm-up: "constant", or "cosine" from lr down to lr * lr_final_ratio at the last optimiser step
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    lr_final_ratio: float = Field(0.1, ge=0, le=1)
     grad_clip: float | None = 1.0
     finetune: Literal["lora", "full"] = "lora"
     lora_rank: int = Field(8, ge=1)

@@ -50,6 +50,7 @@ def generate(
     CPU generator so a seed gives the same rollout on any device. ``noise_window = (start, total)``
     (a data-parallel rank's share): draw noise for ``total`` samples and keep rows ``start ..
     start + B``, so every rank's generator stays in step and each sample gets its single-process noise.
+    Rows past ``total`` (a rank padding its share to keep forwards in lockstep) get zero noise.
     """
     return generate_with_extras(
         adapter,
@@ -86,7 +87,10 @@ def generate_with_extras(
     cond = repeat_conditioning(adapter.encode_prompts(list(prompts)), group_ids)
     start, total = noise_window if noise_window is not None else (0, len(group_ids))
     noise = torch.randn((total, *adapter.latent_shape()), generator=generator)  # [N, *L]
-    noise = noise[start : start + len(group_ids)].to(device)  # [B, *L]
+    noise = noise[start : start + len(group_ids)]  # [B, *L]
+    if len(noise) < len(group_ids):  # padding rows past the window (lockstep_rows): any noise will do
+        noise = torch.cat([noise, noise.new_zeros((len(group_ids) - len(noise), *noise.shape[1:]))])
+    noise = noise.to(device)
     latents, decoded, extras = [], [], []
     for start in range(0, len(group_ids), chunk_size):
         part = slice(start, start + chunk_size)

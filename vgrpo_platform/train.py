@@ -26,19 +26,23 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
+from vgrpo_platform import finetune, sharding
 from vgrpo_platform.checkpoint import latest_valid_checkpoint, list_checkpoints, save_checkpoint
 from vgrpo_platform.distributed import (
     RowsOf,
+    describe,
     gather_objects,
     gather_rows,
+    lockstep_rows,
     maybe_no_sync,
+    prepare_for_data_parallel,
     reduce_metrics,
     shard_of,
-    wrap_for_data_parallel,
 )
 from vgrpo_platform.errors import CheckpointError, RecipeError, RewardError, VgrpoError
 from vgrpo_platform.faults import (
@@ -51,6 +55,7 @@ from vgrpo_platform.faults import (
 )
 from vgrpo_platform.grids import save_before_after, save_grid
 from vgrpo_platform.grpo import compute_advantages, zero_std_fraction
+from vgrpo_platform.lr_schedule import build_lr_schedule
 from vgrpo_platform.metrics import MetricsWriter, Progress
 from vgrpo_platform.prompt_sampler import PromptSampler
 from vgrpo_platform.protocols import BuildContext, RolloutBatch, SamplerSpec
@@ -120,15 +125,19 @@ class Trainer:
         with self.accelerator.main_process_first():  # downloads and model builds happen once
             self.session: Session = build_session(resolved, context)
         t = recipe.train
+        optimizer = torch.optim.AdamW(
+            self.session.trainable.values(),
+            lr=t.lr,
+            betas=t.adam_betas,
+            eps=t.adam_eps,
+            weight_decay=t.weight_decay,
+        )
+        denoiser = self.session.adapter.denoiser
+        self.routed, self.optimizer = prepare_for_data_parallel(self.accelerator, denoiser, optimizer)
+        # FSDP2 swapped the parameters for sharded ones under the same names
+        self.session.trainable = finetune.trainable_named_parameters(denoiser)
         self.params = list(self.session.trainable.values())
-        self.routed = wrap_for_data_parallel(self.accelerator, self.session.adapter.denoiser)
-        self.optimizer = torch.optim.AdamW(
-            self.params, lr=t.lr, betas=t.adam_betas, eps=t.adam_eps, weight_decay=t.weight_decay
-        )
-        warmup = t.warmup_steps
-        self.lr_schedule = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
-        )
+        self.lr_schedule = build_lr_schedule(self.optimizer, t)
         train_prompts, eval_prompts = resolved.train_prompts, resolved.eval_prompts
         self.eval_prompts = (eval_prompts or train_prompts)[: recipe.eval.max_prompts]
         self.prompts = PromptSampler(train_prompts, seed=recipe.run.seed, shuffle=recipe.prompts.shuffle)
@@ -157,6 +166,8 @@ class Trainer:
         progress = Progress(recipe.log.progress if main else "none", total, start=self.start_iteration)
         stop = _StopFlag()
         t_start = time.perf_counter() - self.elapsed
+        if self.shard.world > 1:
+            progress.message(f"data parallel: {self.shard.world} processes, {describe(self.accelerator)}")
         try:
             with stop.installed():
                 if self.start_iteration == 0:
@@ -198,8 +209,10 @@ class Trainer:
         if self.routed is not None:
             self.routed.restore()
         export = getattr(self.session.adapter, "export_trained", None)
-        if export is not None and self.accelerator.is_main_process:
-            export(self.run_dir / "final")
+        if export is not None:
+            with sharding.unsharded(self.session.adapter.denoiser):  # every rank gathers; one writes
+                if self.accelerator.is_main_process:
+                    export(self.run_dir / "final")
         if self.accelerator.is_main_process:
             self._summary(progress)
         return self.run_dir
@@ -433,11 +446,14 @@ class Trainer:
         local_details: dict[str, list[float]] = {}
         images: list[torch.Tensor] = []
         samples = None
-        if block.stop > block.start:
-            mine = self.eval_prompts[block]
+        mine = self.eval_prompts[block]
+        # sharded models need equal forward counts on all ranks: a smaller share is padded (and dropped)
+        padding = lockstep_rows(self.shard, len(self.eval_prompts)) - len(mine) if self.shard.world > 1 else 0
+        if mine or padding:
+            padded = mine + [self.eval_prompts[-1]] * padding
             group_ids, _, _, _, samples = generate(
                 session.adapter,
-                mine,
+                padded,
                 group_size=per_prompt,
                 sampler=sampler,
                 generator=torch.Generator().manual_seed(e.seed),
@@ -445,13 +461,16 @@ class Trainer:
                 device=self.device,
                 noise_window=(block.start * per_prompt, len(self.eval_prompts) * per_prompt),
             )
-            flat_prompts = [mine[int(g)] for g in group_ids]
-            terms, details = score_all(
-                session.rewards, samples, flat_prompts, step=iteration, offload_device=self.reward_device
-            )
-            local_terms = {k: v.tolist() for k, v in terms.items()}
-            local_details = {k: v.tolist() for k, v in details.items()}
-            images = [samples.data.cpu()]
+            real = len(mine) * per_prompt
+            samples = replace(samples, data=samples.data[:real])
+            flat_prompts = [mine[int(g)] for g in group_ids[:real]]
+            if real:
+                terms, details = score_all(
+                    session.rewards, samples, flat_prompts, step=iteration, offload_device=self.reward_device
+                )
+                local_terms = {k: v.tolist() for k, v in terms.items()}
+                local_details = {k: v.tolist() for k, v in details.items()}
+                images = [samples.data.cpu()]
         keys = [r.key for r in session.rewards]
         gathered = gather_objects(self.accelerator, [(local_terms, local_details)])
         terms = {k: torch.tensor([x for t, _ in gathered for x in t.get(k, [])]) for k in keys}
@@ -468,8 +487,6 @@ class Trainer:
             if self.metrics is not None:
                 self.metrics.write(record)
             if recipe.log.save_grids and images and samples is not None:
-                from dataclasses import replace
-
                 save_grid(
                     replace(samples, data=torch.cat(images)),
                     self.run_dir / "samples" / f"eval_{iteration:06d}.png",
@@ -479,30 +496,26 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------ checkpoints
     def save(self, iteration: int, elapsed: float) -> Path | None:
-        """The main process writes the checkpoint; the others wait until it is complete."""
-        path = self._write_checkpoint(iteration, elapsed) if self.accelerator.is_main_process else None
+        """Every rank gathers the full state (sharded parameters); the main process writes it."""
+        weights = sharding.full_weights(self.session.trainable)
+        optimizer = sharding.full_optimizer_state(self.optimizer.state_dict())
+        path = None
+        if self.accelerator.is_main_process:
+            path = save_checkpoint(
+                self.run_dir,
+                iteration,
+                weights=weights,
+                optimizer={"optimizer": optimizer, "lr_schedule": self.lr_schedule.state_dict()},
+                rng=self._rng_state(),
+                state={
+                    "fingerprint": fingerprint(self.recipe),
+                    "prompt_sampler": self.prompts.state_dict(),
+                    "elapsed_seconds": elapsed,
+                },
+                keep_last=self.recipe.log.keep_last,
+            )
         self.accelerator.wait_for_everyone()
         return path
-
-    def _write_checkpoint(self, iteration: int, elapsed: float) -> Path:
-        rng = self._rng_state()
-        state = {
-            "fingerprint": fingerprint(self.recipe),
-            "prompt_sampler": self.prompts.state_dict(),
-            "elapsed_seconds": elapsed,
-        }
-        return save_checkpoint(
-            self.run_dir,
-            iteration,
-            weights={k: p.detach() for k, p in self.session.trainable.items()},
-            optimizer={
-                "optimizer": self.optimizer.state_dict(),
-                "lr_schedule": self.lr_schedule.state_dict(),
-            },
-            rng=rng,
-            state=state,
-            keep_last=self.recipe.log.keep_last,
-        )
 
     def _restore(self) -> None:
         ckpt = latest_valid_checkpoint(
@@ -525,10 +538,10 @@ class Trainer:
                 f"checkpoint {ckpt.path} holds weights that do not fit this recipe's model; "
                 "resume with the recipe that started the run"
             )
-        with torch.no_grad():
-            for name, p in self.session.trainable.items():
-                p.copy_(ckpt.weights[name].to(p.device, p.dtype))
-        self.optimizer.load_state_dict(ckpt.optimizer["optimizer"])
+        sharding.load_weights(self.session.trainable, ckpt.weights)
+        self.optimizer.load_state_dict(
+            sharding.shard_optimizer_state(ckpt.optimizer["optimizer"], self.optimizer)
+        )
         self.lr_schedule.load_state_dict(ckpt.optimizer["lr_schedule"])
         self._set_rng_state(ckpt.rng)
         self.prompts.load_state_dict(ckpt.state["prompt_sampler"])

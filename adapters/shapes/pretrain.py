@@ -45,6 +45,7 @@ from vgrpo_rewards.shapes.world import (
     train_prompts,
 )
 
+from vgrpo_platform.lr_schedule import lr_factor as schedule_factor
 from vgrpo_platform.protocols import SamplerSpec
 
 REPORT_FILE = "pretrain_report.json"
@@ -254,10 +255,13 @@ def ema_with_warmup(decay: float) -> Callable[[torch.Tensor, torch.Tensor, torch
 
 def lr_factor(step: int, config: PretrainConfig) -> float:
     """Linear warm-up, then a cosine from 1 to ``lr_final_ratio`` at ``config.steps``."""
-    if step < config.warmup_steps:
-        return (step + 1) / config.warmup_steps
-    progress = min(1.0, (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps))
-    return config.lr_final_ratio + (1 - config.lr_final_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    return schedule_factor(
+        step,
+        warmup_steps=config.warmup_steps,
+        total_steps=config.steps,
+        schedule="cosine",
+        final_ratio=config.lr_final_ratio,
+    )
 
 
 @contextmanager
