@@ -183,3 +183,20 @@ def test_full_state_helpers_pass_plain_tensors_through_unchanged():
     assert all(float(p.abs().sum()) == 0 for p in params.values())
     with sharding.unsharded(torch.nn.Linear(2, 2)):  # no FSDP unit inside: nothing to gather
         pass
+
+
+@pytest.mark.parametrize(
+    ("kind", "fsdp2", "message"),
+    [("DEEPSPEED", False, "fsdp2_8gpu.yaml"), ("FSDP", False, "fsdp_version: 2")],
+)
+def test_unsupported_launches_stop_with_the_fix(kind, fsdp2, message):
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    from vgrpo_platform.distributed import prepare_for_data_parallel
+
+    accelerator = SimpleNamespace(num_processes=2, distributed_type=DistributedType[kind], is_fsdp2=fsdp2)
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(RecipeError, match=message):
+        prepare_for_data_parallel(accelerator, model, torch.optim.SGD(model.parameters(), lr=0.1))
