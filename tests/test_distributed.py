@@ -103,7 +103,9 @@ def test_two_processes_equal_one_process_on_the_same_global_batch(tmp_path, sing
     assert w1.keys() == w2.keys()
     moved = 0.0
     for key in w1:
-        torch.testing.assert_close(w1[key], w2[key], rtol=1e-5, atol=1e-6)
+        # atol: Adam divides by sqrt(v), so where a gradient is ~0 the float-order noise of the
+        # single run's and the ranks' different slicing shows up as ~1e-6 (an update is ~1e-2)
+        torch.testing.assert_close(w1[key], w2[key], rtol=1e-5, atol=5e-6)
         moved += float(w1[key].abs().sum())
     assert moved > 0
     # the optimiser state is stored whole, in the single-process layout
@@ -129,7 +131,7 @@ def test_a_sharded_run_resumes_from_its_full_checkpoint(tmp_path, single):
         for key in sorted(set(a) - TIMING_KEYS - {"diag/cv", "diag/within_group_cv", "diag/grad_corr"}):
             assert _close(a[key], b[key]), (a["iteration"], key, a[key], b[key])
     for key, value in _final_weights(single).items():
-        torch.testing.assert_close(value, _final_weights(first)[key], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(value, _final_weights(first)[key], rtol=1e-5, atol=5e-6)
 
 
 def test_an_uneven_prompt_split_fails_before_training():

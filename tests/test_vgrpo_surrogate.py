@@ -406,3 +406,22 @@ def test_plugin_registers_both_surrogates_with_their_defaults() -> None:
 def test_plugin_module_does_not_import_torch() -> None:
     code = "import sys, vgrpo_platform.surrogates.plugin; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("kl_anchor", ["old", "reference"])
+def test_prepare_through_chunked_predictions_equals_the_whole_batch(kl_anchor: str) -> None:
+    """The trainer hands ``prepare`` an adapter whose forwards see at most a micro-batch of rows."""
+    from vgrpo_platform.chunked import ChunkedPredictions
+
+    cfg = VGRPOConfig(n_mc=3, kl_beta=0.1, kl_anchor=kl_anchor)
+    whole, sliced = TinyAdapter(), TinyAdapter()
+    seen: list[int] = []
+    inner = sliced.predict
+    sliced.predict = lambda z, t, c: seen.append(z.shape[0]) or inner(z, t, c)
+    a, b = make_batch(whole, GROUPS), make_batch(sliced, GROUPS)
+    VGRPOSurrogate(cfg).prepare(a, whole, torch.Generator().manual_seed(0))
+    VGRPOSurrogate(cfg).prepare(b, ChunkedPredictions(sliced, 3), torch.Generator().manual_seed(0))
+    assert seen and max(seen) == 3 and sum(seen) % len(GROUPS) == 0  # 8 rows -> slices of 3, 3, 2
+    assert a.extras.keys() == b.extras.keys()
+    for key in a.extras:
+        torch.testing.assert_close(a.extras[key], b.extras[key])

@@ -33,6 +33,7 @@ import torch
 
 from vgrpo_platform import finetune, sharding
 from vgrpo_platform.checkpoint import latest_valid_checkpoint, list_checkpoints, save_checkpoint
+from vgrpo_platform.chunked import ChunkedPredictions
 from vgrpo_platform.distributed import (
     RowsOf,
     describe,
@@ -334,8 +335,9 @@ class Trainer:
             extras=rollout_extras,
             rows=RowsOf(all_ids.to(self.device), first_row) if self.shard.world > 1 else None,
         )
-        with self.accelerator.autocast():
-            session.surrogate.prepare(batch, adapter, self.surrogate_rng)
+        with self.accelerator.autocast():  # the old policy's forwards, at most a micro-batch at a time
+            chunked = ChunkedPredictions(adapter, recipe.train.micro_batch_size)
+            session.surrogate.prepare(batch, chunked, self.surrogate_rng)
         t_diag = time.perf_counter()
         diagnostics = self.diagnose(batch, iteration)
         t_diag = time.perf_counter() - t_diag  # reported apart: not part of the method's training cost
