@@ -1,6 +1,6 @@
 """V-GRPO against its baselines and its own ablations, side by side, on one adapter, reward and budget.
 
-    python benchmarks/compare.py --world shapes                      # both tables, 11 runs of 100 iterations
+    python benchmarks/compare.py --world shapes  # both tables: 11 runs x 50 iterations, 22 min
     python benchmarks/compare.py --world shapes --iterations 2 --methods vgrpo awm --no-ablation  # smoke
     python benchmarks/compare.py --recipe recipes/flux_pickscore.toml --iterations 300   # real scale, GPU
 
@@ -172,9 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--world", choices=sorted(WORLDS), default="shapes")
     parser.add_argument("--recipe", type=Path, help="any recipe instead of a world's (real scale)")
-    parser.add_argument("--iterations", type=int, default=100)
-    parser.add_argument("--eval-every", type=int, default=20)
-    parser.add_argument("--eval-prompts", type=int, default=48)
+    parser.add_argument("--iterations", type=int, default=50)
+    parser.add_argument("--eval-every", type=int, default=10)
+    parser.add_argument("--eval-prompts", type=int, default=32)
     parser.add_argument("--target", type=float, help="reward to reach; default: V-GRPO's end reward")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--no-ablation", action="store_true")
