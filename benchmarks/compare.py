@@ -24,7 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 WORLDS = {"shapes": ROOT / "recipes" / "quickstart.toml", "toy": ROOT / "recipes" / "toy.toml"}
-# per world: the budget that fits the whole table in about an hour on 2 CPU cores, and the
+# per world: the batch and rate every row shares (the default budget runs both tables in 22 min on
+# 2 CPU cores, docs/benchmarks.md), and the
 # detail metric shown beside the reward (the quickstart's own KL and schedule are left out:
 # every method trains with the same plain AdamW rate)
 WORLD_SETTINGS: dict[str, list[str]] = {

@@ -450,7 +450,7 @@ class Trainer:
         samples = None
         mine = self.eval_prompts[block]
         # sharded models need equal forward counts on all ranks: a smaller share is padded (and dropped)
-        padding = lockstep_rows(self.shard, len(self.eval_prompts)) - len(mine) if self.shard.world > 1 else 0
+        padding = lockstep_rows(self.shard, len(self.eval_prompts)) - len(mine)  # 0 on one process
         if mine or padding:
             padded = mine + [self.eval_prompts[-1]] * padding
             group_ids, _, _, _, samples = generate(
