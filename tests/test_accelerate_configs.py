@@ -1,7 +1,7 @@
 """The accelerate configs in ``recipes/accelerate/`` go through accelerate's own loader and the argument
 handling of ``accelerate launch`` (everything before processes start): right distributed type, process
-counts, launcher options. This proves they parse as documented; it does not run them on GPUs (FSDP and
-DeepSpeed were never run here; DDP is run by tests/test_distributed.py with torchrun on CPU)."""
+counts, launcher options. This proves they parse as documented; it does not run them on GPUs (DDP,
+FSDP2 and DeepSpeed ZeRO-2 run in tests/test_distributed.py with torchrun on CPU processes)."""
 
 from __future__ import annotations
 
@@ -48,7 +48,8 @@ def test_config_loads_with_accelerates_own_loader(name):
     assert isinstance(config, ClusterConfig)
     assert config.distributed_type == kind
     assert (config.num_processes, config.num_machines) == (processes, machines)
-    assert config.mixed_precision == "bf16"
+    # DeepSpeed's bf16 mode casts the whole model: vgrpo runs it in fp32 (distributed.configure_deepspeed)
+    assert config.mixed_precision == ("no" if kind == DistributedType.DEEPSPEED else "bf16")
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -89,8 +90,24 @@ def test_the_fsdp_config_gives_fsdp2(monkeypatch):
     assert plugin.auto_wrap_policy is not None and plugin.activation_checkpointing is False
 
 
-def test_the_deepspeed_config_is_zero2_and_clips_like_the_recipe_default():
+def test_the_deepspeed_config_is_zero2_and_leaves_clipping_to_the_recipe(monkeypatch):
+    from accelerate.utils import DeepSpeedPlugin
+    from accelerate.utils.launch import prepare_deepspeed_cmd_env
+
+    from vgrpo_platform.distributed import configure_deepspeed
+
     args, defaults = launch_args("deepspeed_zero2_8gpu.yaml")
     assert args.zero_stage == 2 and defaults.deepspeed_config["zero_stage"] == 2
-    assert defaults.deepspeed_config["gradient_clipping"] == TrainSection().grad_clip
+    assert "gradient_clipping" not in defaults.deepspeed_config  # vgrpo sets it from train.grad_clip
     assert defaults.deepspeed_config["gradient_accumulation_steps"] == 1  # vgrpo accumulates itself
+    args.deepspeed_fields_from_accelerate_config = ",".join(defaults.deepspeed_config)  # as launch does
+    _, env = prepare_deepspeed_cmd_env(args)  # the environment each launched process gets
+    for key, value in env.items():
+        if key.startswith("ACCELERATE_"):
+            monkeypatch.setenv(key, value)
+    plugin = DeepSpeedPlugin()  # reads that environment, as the Accelerator would
+    configure_deepspeed(plugin, TrainSection().grad_clip, micro_batch_size=TrainSection().micro_batch_size)
+    config = plugin.deepspeed_config
+    assert config["zero_optimization"]["stage"] == 2
+    assert config["gradient_accumulation_steps"] == 1
+    assert config["gradient_clipping"] == TrainSection().grad_clip

@@ -1,9 +1,11 @@
-"""Data parallelism: a 2-process run (torchrun, gloo on CPU, DDP through accelerate) equals the
-single-process run on the same global batch: same rewards, losses and evaluations, same weights."""
+"""Data parallelism: a 2-process run (torchrun, gloo on CPU; DDP, FSDP2 or DeepSpeed ZeRO-2 through
+accelerate) equals the single-process run on the same global batch: same rewards, losses and
+evaluations, same weights; a sharded run stopped and resumed equals one that ran through."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -62,11 +64,25 @@ def _torchrun(*entry: str) -> list[str]:
 
 
 # DDP through accelerate's own launch path; FSDP2 (parameters sharded as DTensors, one unit per
-# transformer block) forced on CPU by tests/fsdp2_cpu.py, since accelerate enables FSDP only on GPUs
+# transformer block) and DeepSpeed ZeRO-2 (gradients and optimiser state partitioned) forced on CPU
+# by tests/fsdp2_cpu.py and tests/deepspeed_cpu.py, since accelerate enables both only on GPUs.
+# Keys are what the run prints: "data parallel: 2 processes, <key>".
+ZERO2 = "DeepSpeed ZeRO-2"
 LAUNCHERS = {
     "DDP": lambda: _torchrun("-m", "vgrpo_platform"),
     "FSDP2": lambda: _torchrun(str(ROOT / "tests" / "fsdp2_cpu.py")),
+    ZERO2: lambda: _torchrun(str(ROOT / "tests" / "deepspeed_cpu.py")),
 }
+
+
+def _launcher(kind: str) -> list[str]:
+    if kind == ZERO2:
+        pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install -e '.[test]')")
+    return LAUNCHERS[kind]()
+
+
+def _dir_name(kind: str) -> str:
+    return kind.lower().replace(" ", "_")
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +103,7 @@ def _close(a: float | str, b: float | str) -> bool:
 
 @pytest.mark.parametrize("kind", sorted(LAUNCHERS))
 def test_two_processes_equal_one_process_on_the_same_global_batch(tmp_path, single, kind):
-    ranks = _run(tmp_path, kind.lower(), LAUNCHERS[kind](), ("log.progress='plain'",))
+    ranks = _run(tmp_path, _dir_name(kind), _launcher(kind), ("log.progress='plain'",))
     assert f"data parallel: 2 processes, {kind}" in (ranks / "stdout.txt").read_text()
 
     one, two = read_metrics(single / "metrics.jsonl"), read_metrics(ranks / "metrics.jsonl")
@@ -97,8 +113,9 @@ def test_two_processes_equal_one_process_on_the_same_global_batch(tmp_path, sing
         # diagnostics are estimated per rank and averaged: close to, not equal to, the global figure
         for key in sorted(k for k in set(a) - TIMING_KEYS if not k.startswith("diag/")):
             assert _close(a[key], b[key]), (a["kind"], a["iteration"], key, a[key], b[key])
-    assert "diag/cv" in one[2] and "diag/cv" in two[2], "the diagnostics ran (under no_sync) in both runs"
-    # the update moved the weights, identically (FSDP2: gathered from the shards into full tensors)
+    assert "diag/cv" in one[2] and "diag/cv" in two[2], "the diagnostics ran in both runs"
+    # the update moved the weights, identically (FSDP2: gathered from the shards into full tensors;
+    # ZeRO-2: the fp32 master copies, gathered from their partitions)
     w1, w2 = _final_weights(single), _final_weights(ranks)
     assert w1.keys() == w2.keys()
     moved = 0.0
@@ -118,11 +135,16 @@ def test_two_processes_equal_one_process_on_the_same_global_batch(tmp_path, sing
     assert len((ranks / "metrics.jsonl").read_text().splitlines()) == len(two)
 
 
-def test_a_sharded_run_resumes_from_its_full_checkpoint(tmp_path, single):
-    """FSDP2 stops after iteration 2 and resumes: the shards are rebuilt from the full tensors."""
-    first = _run(tmp_path, "fsdp", LAUNCHERS["FSDP2"](), ("train.iterations=2",))
+@pytest.mark.parametrize("kind", ["FSDP2", ZERO2])
+def test_a_sharded_run_resumes_from_its_full_checkpoint(tmp_path, single, kind):
+    """A sharded run stops after iteration 2 and resumes: FSDP2's shards, ZeRO-2's partitioned
+    optimiser state and fp32 master weights are rebuilt from the full tensors of the checkpoint.
+    The same checkpoint resumed by one process also ends where the single-process run ends."""
+    first = _run(tmp_path, _dir_name(kind), _launcher(kind), ("train.iterations=2",))
     assert [p.name for p in list_checkpoints(first)] == ["iter_000002"]
-    _run(tmp_path, "fsdp", LAUNCHERS["FSDP2"](), flags=("--resume",))
+    shutil.copytree(first, tmp_path / "alone")
+    _run(tmp_path, _dir_name(kind), _launcher(kind), flags=("--resume",))
+    alone = _run(tmp_path, "alone", [sys.executable, "-m", "vgrpo_platform"], flags=("--resume",))
     one, resumed = read_metrics(single / "metrics.jsonl"), read_metrics(first / "metrics.jsonl")
     train_one = [r for r in one if r["kind"] == "train"]
     train_resumed = [r for r in resumed if r["kind"] == "train"]
@@ -132,6 +154,7 @@ def test_a_sharded_run_resumes_from_its_full_checkpoint(tmp_path, single):
             assert _close(a[key], b[key]), (a["iteration"], key, a[key], b[key])
     for key, value in _final_weights(single).items():
         torch.testing.assert_close(value, _final_weights(first)[key], rtol=1e-5, atol=5e-6)
+        torch.testing.assert_close(value, _final_weights(alone)[key], rtol=1e-5, atol=5e-6)
 
 
 def test_an_uneven_prompt_split_fails_before_training():
@@ -187,18 +210,53 @@ def test_full_state_helpers_pass_plain_tensors_through_unchanged():
         pass
 
 
+def _zero(stage: int = 2, **config: object) -> object:
+    """A stand-in for accelerate's ``DeepSpeedPlugin`` as a launch config fills it."""
+    from types import SimpleNamespace
+
+    base = {"zero_optimization": {"stage": stage}, "gradient_accumulation_steps": "auto"}
+    return SimpleNamespace(zero_stage=stage, deepspeed_config={**base, **config})
+
+
 @pytest.mark.parametrize(
-    ("kind", "fsdp2", "message"),
-    [("DEEPSPEED", False, "fsdp2_8gpu.yaml"), ("FSDP", False, "fsdp_version: 2")],
+    ("kind", "plugin", "message"),
+    [
+        ("FSDP", None, "fsdp_version: 2"),
+        ("DEEPSPEED", _zero(3), "zero_stage: 2"),
+        ("DEEPSPEED", _zero(zero_optimization={"offload_optimizer": {"device": "cpu"}}), "device: none"),
+        ("DEEPSPEED", _zero(gradient_accumulation_steps=4), "gradient_accumulation_steps.*set it to 1"),
+        ("DEEPSPEED", _zero(gradient_clipping=1.0), "remove gradient_clipping"),
+        ("DEEPSPEED", _zero(bf16={"enabled": True}), "run.mixed_precision = 'no'"),
+    ],
 )
-def test_unsupported_launches_stop_with_the_fix(kind, fsdp2, message):
+def test_unsupported_launches_stop_with_the_fix(kind, plugin, message):
     from types import SimpleNamespace
 
     from accelerate.utils import DistributedType
 
-    from vgrpo_platform.distributed import prepare_for_data_parallel
+    from vgrpo_platform.distributed import configure_launch, prepare_for_data_parallel
 
-    accelerator = SimpleNamespace(num_processes=2, distributed_type=DistributedType[kind], is_fsdp2=fsdp2)
+    accelerator = SimpleNamespace(
+        num_processes=2,
+        distributed_type=DistributedType[kind],
+        is_fsdp2=False,
+        state=SimpleNamespace(deepspeed_plugin=plugin),
+    )
     model = torch.nn.Linear(2, 2)
-    with pytest.raises(RecipeError, match=message):
+    with pytest.raises(RecipeError, match=message):  # DeepSpeed: before any model is built
+        configure_launch(accelerator, grad_clip=0.5, micro_batch_size=2)
         prepare_for_data_parallel(accelerator, model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+def test_the_recipe_fills_the_deepspeed_keys_it_owns():
+    """Accumulation is vgrpo's (1 for DeepSpeed), clipping is train.grad_clip (None: 0, DeepSpeed's off)."""
+    from vgrpo_platform.distributed import configure_deepspeed
+
+    plugin = _zero(gradient_clipping="auto", train_micro_batch_size_per_gpu="auto")
+    configure_deepspeed(plugin, 0.5, micro_batch_size=6)
+    config = plugin.deepspeed_config
+    assert (config["gradient_accumulation_steps"], config["gradient_clipping"]) == (1, 0.5)
+    assert config["train_micro_batch_size_per_gpu"] == 6
+    unclipped = _zero(gradient_accumulation_steps=1, gradient_clipping=0.0)
+    configure_deepspeed(unclipped, None, micro_batch_size=2)
+    assert unclipped.deepspeed_config["gradient_clipping"] == 0.0

@@ -5,7 +5,8 @@ rank draws every random number *for the global batch* from the same seeded gener
 noise, the surrogate's ``(t, eps)`` pairs) and keeps its own rows, so the generators stay in step
 and each sample sees the numbers it would have seen alone. Ranks own contiguous blocks of whole
 prompt groups; rewards are gathered so advantages and metrics see the full batch; gradients are
-averaged by the wrapper ``accelerate`` chose (DDP here); only the main process writes.
+averaged by what ``accelerate`` prepared (DDP, FSDP2 or a DeepSpeed ZeRO-2 engine); only the main
+process writes.
 
 Nothing here imports a model family; single-process runs go through the same code with
 ``world == 1``, where every helper is the identity.
@@ -104,10 +105,12 @@ class RoutedDenoiser:
     """Route calls of an adapter's own ``denoiser`` through the wrapper accelerate built around it.
 
     Adapters call ``self.denoiser(...)`` and read ``self.denoiser.config``; replacing the module
-    with a DDP wrapper would break the second. Instead the module stays in place and its
-    ``forward`` is redirected to the wrapper, whose own call of the module falls through to the
-    original ``forward`` (a per-thread re-entry flag). Parameter names, ``save_pretrained`` and
-    peft's LoRA switches keep working on the unwrapped module.
+    with a DDP wrapper (or a DeepSpeed engine) would break the second. Instead the module stays in
+    place and its ``forward`` is redirected to the wrapper, whose own call of the module falls
+    through to the original ``forward`` (a per-thread re-entry flag). Parameter names,
+    ``save_pretrained`` and peft's LoRA switches keep working on the unwrapped module. Forwards
+    without gradients (rollouts, evaluation, the old policy's values) go straight to the module:
+    there is nothing to average.
     """
 
     def __init__(self, module: torch.nn.Module, wrapper: torch.nn.Module) -> None:
@@ -116,7 +119,7 @@ class RoutedDenoiser:
         self._inside = threading.local()
 
         def routed_forward(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-            if getattr(self._inside, "active", False):
+            if getattr(self._inside, "active", False) or not torch.is_grad_enabled():
                 return self._original_forward(*args, **kwargs)
             self._inside.active = True
             try:
@@ -130,8 +133,39 @@ class RoutedDenoiser:
         """Skip the gradient all-reduce (every micro-batch but a step's last one)."""
         return accelerator.no_sync(self.wrapper)
 
+    @contextmanager
+    def bypassed(self) -> Iterator[None]:
+        """Inside, calls reach the module itself: gradients a rank takes for itself, never averaged."""
+        previous = getattr(self._inside, "active", False)
+        self._inside.active = True
+        try:
+            yield
+        finally:
+            self._inside.active = previous
+
     def restore(self) -> None:
         self.module.forward = self._original_forward
+
+
+class RoutedEngine(RoutedDenoiser):
+    """A DeepSpeed engine: accelerate's ``backward`` of a step's last micro-batch also steps it.
+
+    DeepSpeed fixes ``gradient_accumulation_steps`` when the engine is built, while a mini-batch
+    here has as many micro-batches as its rows need. So the engine accumulates over one micro-batch
+    (``gradient_accumulation_steps = 1``) and the boundary is set per micro-batch instead: inside
+    ``no_sync`` accelerate's ``sync_gradients`` is off, its ``backward`` then marks no boundary and
+    does not step; the last micro-batch's ``backward`` reduces, clips (``gradient_clipping``, set
+    from ``train.grad_clip``) and steps. The optimiser accelerate returns has no-op ``step`` and
+    ``zero_grad`` for that reason; ``accelerator.clip_grad_norm_`` returns the step's norm.
+    """
+
+    @contextmanager
+    def no_sync(self, accelerator: Any) -> Iterator[None]:
+        accelerator.sync_gradients = False
+        try:
+            yield
+        finally:
+            accelerator.sync_gradients = True
 
 
 def _distributed_type(accelerator: Any) -> str:
@@ -141,29 +175,40 @@ def _distributed_type(accelerator: Any) -> str:
 def describe(accelerator: Any) -> str:
     """How the policy is made data-parallel, in a user's words: ``"DDP"``, ``"FSDP2"``, ..."""
     kind = _distributed_type(accelerator)
+    if kind == "DEEPSPEED":
+        return f"DeepSpeed ZeRO-{accelerator.state.deepspeed_plugin.zero_stage}"
     if kind == "FSDP":
         return "FSDP2" if getattr(accelerator, "is_fsdp2", False) else "FSDP1"
     return "DDP" if kind.startswith("MULTI_") else kind
 
 
+def configure_launch(accelerator: Any, *, grad_clip: float | None, micro_batch_size: int) -> None:
+    """Check the launch config against the recipe and fill what the recipe owns, before any model
+    is built: a ZeRO-3 config, for one, would partition the model while it loads, a collective
+    that deadlocks with the main process building first. Only DeepSpeed has such keys."""
+    if accelerator.num_processes > 1 and _distributed_type(accelerator) == "DEEPSPEED":
+        configure_deepspeed(accelerator.state.deepspeed_plugin, grad_clip, micro_batch_size)
+
+
 def prepare_for_data_parallel(
     accelerator: Any, module: torch.nn.Module, optimizer: torch.optim.Optimizer
 ) -> tuple[RoutedDenoiser | None, torch.optim.Optimizer]:
-    """Let accelerate make ``module`` data-parallel; returns the routing (DDP) and the optimiser to use.
+    """Let accelerate make ``module`` data-parallel; returns the routing (DDP, DeepSpeed) and the
+    optimiser to use.
 
     DDP wraps the module, so its calls are routed through the wrapper. FSDP2 shards the module in
     place (its parameters become ``DTensor`` slices that each forward gathers) and needs the
-    optimiser prepared with it; the caller must then re-read the parameters (``sharding``). One
-    process: nothing changes.
+    optimiser prepared with it; the caller must then re-read the parameters (``sharding``).
+    DeepSpeed ZeRO-2 (configured by ``configure_launch``) builds an engine from both: the module
+    keeps whole weights, gradients and the optimiser state are partitioned, and its calls are
+    routed like DDP's (``RoutedEngine``). One process: nothing changes.
     """
     if accelerator.num_processes == 1:
         return None, optimizer
     kind = _distributed_type(accelerator)
     if kind == "DEEPSPEED":
-        raise RecipeError(
-            "DeepSpeed launches are not supported yet; launch with recipes/accelerate/fsdp2_8gpu.yaml "
-            "(FSDP2 shards parameters, gradients and optimiser state like ZeRO-3) or a DDP config"
-        )
+        engine, optimizer = accelerator.prepare(module, optimizer)
+        return RoutedEngine(module, engine), optimizer
     if kind == "FSDP":
         if not getattr(accelerator, "is_fsdp2", False):
             raise RecipeError("FSDP1 is not supported; set fsdp_version: 2 in the accelerate config")
@@ -180,6 +225,53 @@ def prepare_for_data_parallel(
     return RoutedDenoiser(module, wrapper), optimizer
 
 
+def configure_deepspeed(plugin: Any, grad_clip: float | None, micro_batch_size: int) -> None:
+    """Fill the DeepSpeed config's keys that the recipe owns; stop on a config that contradicts it.
+
+    ``gradient_accumulation_steps`` is 1 (vgrpo accumulates micro-batches itself, see
+    ``RoutedEngine``), ``gradient_clipping`` is ``train.grad_clip`` (0: none) and
+    ``train_micro_batch_size_per_gpu`` (DeepSpeed's throughput bookkeeping) ``train.micro_batch_size``.
+    Only ZeRO-2 in fp32 without offloading is accepted: the combination the tests run, and the one
+    whose numbers equal the other launchers' (accelerate passes ``run.mixed_precision`` to
+    DeepSpeed, whose bf16 mode would store the trainable weights in bf16).
+    """
+    if plugin.zero_stage != 2:
+        raise RecipeError(
+            f"DeepSpeed ZeRO stage {plugin.zero_stage} is not supported; set zero_stage: 2 "
+            "(recipes/accelerate/deepspeed_zero2_8gpu.yaml) or, to shard the parameters too, "
+            "launch with recipes/accelerate/fsdp2_8gpu.yaml"
+        )
+    config = plugin.deepspeed_config
+    zero = config.get("zero_optimization", {})
+    if any(zero.get(k, {}).get("device", "none") != "none" for k in ("offload_optimizer", "offload_param")):
+        raise RecipeError(
+            "DeepSpeed offloading is not supported (it swaps in DeepSpeed's own CPU Adam); set "
+            "offload_optimizer_device: none and offload_param_device: none in the accelerate config"
+        )
+    if any(str(config.get(k, {}).get("enabled", False)).lower() == "true" for k in ("bf16", "fp16")):
+        raise RecipeError(
+            "DeepSpeed's bf16/fp16 modes cast the whole model, LoRA included, to half precision (not "
+            "run.mixed_precision's autocast); set run.mixed_precision = 'no' (the adapter's dtype = 'auto' "
+            "still runs the base model in bf16 on GPUs) or launch with recipes/accelerate/fsdp2_8gpu.yaml"
+        )
+    steps = config.get("gradient_accumulation_steps", "auto")
+    if steps not in ("auto", 1):
+        raise RecipeError(
+            f"the DeepSpeed config sets gradient_accumulation_steps: {steps}; set it to 1 "
+            "(vgrpo accumulates micro-batches itself: train.micro_batch_size)"
+        )
+    clip = 0.0 if grad_clip is None else float(grad_clip)
+    found = config.get("gradient_clipping", "auto")
+    if found != "auto" and float(found) != clip:
+        raise RecipeError(
+            f"the DeepSpeed config sets gradient_clipping: {found} but train.grad_clip is {grad_clip}; "
+            "remove gradient_clipping from the accelerate config (vgrpo sets it from train.grad_clip)"
+        )
+    config["gradient_accumulation_steps"], config["gradient_clipping"] = 1, clip
+    if config.get("train_micro_batch_size_per_gpu", "auto") == "auto":
+        config["train_micro_batch_size_per_gpu"] = micro_batch_size
+
+
 def lockstep_rows(shard: Shard, n_items: int) -> int:
     """How many items every rank processes when ``n_items`` split unevenly (the largest share).
 
@@ -194,3 +286,8 @@ def maybe_no_sync(routed: RoutedDenoiser | None, accelerator: Any, skip: bool) -
     """``no_sync`` when ``skip`` and a wrapper exists; otherwise nothing."""
     with routed.no_sync(accelerator) if (routed is not None and skip) else nullcontext():
         yield
+
+
+def bypassed(routed: RoutedDenoiser | None):  # noqa: ANN201 - a context manager
+    """Forwards inside reach the module itself (``RoutedDenoiser.bypassed``); without routing, nothing."""
+    return routed.bypassed() if routed is not None else nullcontext()

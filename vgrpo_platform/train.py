@@ -35,7 +35,10 @@ from vgrpo_platform import finetune, sharding
 from vgrpo_platform.checkpoint import latest_valid_checkpoint, list_checkpoints, save_checkpoint
 from vgrpo_platform.chunked import ChunkedPredictions
 from vgrpo_platform.distributed import (
+    RoutedEngine,
     RowsOf,
+    bypassed,
+    configure_launch,
     describe,
     gather_objects,
     gather_rows,
@@ -117,6 +120,9 @@ class Trainer:
         self.reward_device = self.device if recipe.train.offload_rewards else None
         self.shard = shard_of(self.accelerator)
         self.shard.prompt_block(recipe.rollout.prompts_per_iteration)  # fail early on an uneven split
+        t = recipe.train
+        # before any model is built (a contradicting DeepSpeed config stops here)
+        configure_launch(self.accelerator, grad_clip=t.grad_clip, micro_batch_size=t.micro_batch_size)
         self._check_run_dir(resume)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(recipe.run.seed)
@@ -125,7 +131,6 @@ class Trainer:
         )
         with self.accelerator.main_process_first():  # downloads and model builds happen once
             self.session: Session = build_session(resolved, context)
-        t = recipe.train
         optimizer = torch.optim.AdamW(
             self.session.trainable.values(),
             lr=t.lr,
@@ -139,6 +144,9 @@ class Trainer:
         self.session.trainable = finetune.trainable_named_parameters(denoiser)
         self.params = list(self.session.trainable.values())
         self.lr_schedule = build_lr_schedule(self.optimizer, t)
+        plan_updates = getattr(self.session.surrogate, "plan_updates", None)  # optional surrogate hook
+        if plan_updates is not None:
+            plan_updates(t.gradient_steps_per_iteration)
         train_prompts, eval_prompts = resolved.train_prompts, resolved.eval_prompts
         self.eval_prompts = (eval_prompts or train_prompts)[: recipe.eval.max_prompts]
         self.prompts = PromptSampler(train_prompts, seed=recipe.run.seed, shuffle=recipe.prompts.shuffle)
@@ -147,6 +155,7 @@ class Trainer:
         self.surrogate_rng = torch.Generator().manual_seed(seed + 1)
         self.shuffle_rng = torch.Generator().manual_seed(seed + 2)
         self.start_iteration = 0
+        self.stepped = self.half_step = False  # see run() and update()
         self.elapsed = 0.0  # seconds of training before this process (resumed runs)
         self.diagnostics_seconds = 0.0  # spent on log.diagnostics_every in this process, not in wall_seconds
         if resume:
@@ -178,7 +187,7 @@ class Trainer:
                 faults_in_a_row = 0
                 for iteration in range(self.start_iteration + 1, total + 1):
                     before_iteration = self._loop_state()
-                    self.stepped = False
+                    self.stepped = self.half_step = False
                     try:
                         record = self.iterate(iteration)
                         faults_in_a_row = 0
@@ -223,13 +232,17 @@ class Trainer:
     ) -> dict:
         """Apply ``train.on_fault``: the ``skipped`` record to log, or raise after saving what is exact."""
         t = self.recipe.train
-        if t.on_fault == "stop" or in_a_row >= t.max_consecutive_skips:
+        policy = t.on_fault
+        if self.half_step:  # DeepSpeed holds the reduced gradients of a half-accumulated step: no skip
+            fault = type(fault)(f"{fault}; DeepSpeed cannot drop a half-accumulated step, so the run stops")
+            policy = "skip"  # no hint to switch to it
+        if policy == "stop" or in_a_row >= t.max_consecutive_skips or self.half_step:
             saved = None
             if not self.stepped and iteration > 1:  # the weights are still those after iteration - 1
                 self._set_loop_state(before)
                 self.save(iteration - 1, elapsed)
                 saved = iteration - 1
-            raise with_policy_hint(fault, t.on_fault, saved) from fault
+            raise with_policy_hint(fault, policy, saved) from fault
         self.optimizer.zero_grad(set_to_none=True)
         return {"kind": "skipped", "iteration": iteration, "reason": str(fault)}
 
@@ -386,6 +399,8 @@ class Trainer:
                         bad = non_finite_loss(loss.item(), iteration, part.prompts[0])
                     self._agree_on_fault(bad)
                     self.accelerator.backward(loss * (len(micro) / len(minibatch)))
+                # a DeepSpeed engine keeps reduced gradients between micro-batches where zero_grad can't reach
+                self.half_step = isinstance(self.routed, RoutedEngine) and m < len(micros) - 1
                 share = len(micro) / n
                 metrics = {"loss": loss.item(), **metrics}
                 for key, value in metrics.items():
@@ -431,7 +446,7 @@ class Trainer:
         from vgrpo_platform.diagnostics import measure_surrogate
 
         generator = torch.Generator().manual_seed(self.recipe.run.seed + 3 + iteration)
-        with maybe_no_sync(self.routed, self.accelerator, skip=True), self.accelerator.autocast():
+        with bypassed(self.routed), self.accelerator.autocast():  # per-rank gradients, never averaged
             found = measure_surrogate(self.session.surrogate, batch, self.session.adapter, generator)
         return reduce_metrics(self.accelerator, found)  # each rank measured its own rows
 
@@ -500,7 +515,7 @@ class Trainer:
     def save(self, iteration: int, elapsed: float) -> Path | None:
         """Every rank gathers the full state (sharded parameters); the main process writes it."""
         weights = sharding.full_weights(self.session.trainable)
-        optimizer = sharding.full_optimizer_state(self.optimizer.state_dict())
+        optimizer = sharding.gather_optimizer(self.optimizer, self.params)
         path = None
         if self.accelerator.is_main_process:
             path = save_checkpoint(
@@ -541,9 +556,7 @@ class Trainer:
                 "resume with the recipe that started the run"
             )
         sharding.load_weights(self.session.trainable, ckpt.weights)
-        self.optimizer.load_state_dict(
-            sharding.shard_optimizer_state(ckpt.optimizer["optimizer"], self.optimizer)
-        )
+        sharding.load_optimizer(self.optimizer, self.params, ckpt.optimizer["optimizer"])
         self.lr_schedule.load_state_dict(ckpt.optimizer["lr_schedule"])
         self._set_rng_state(ckpt.rng)
         self.prompts.load_state_dict(ckpt.state["prompt_sampler"])
