@@ -95,8 +95,10 @@ def manual_surrogate(adapter: TinyAdapter, x0, cond, t, eps, adaptive: bool):  #
     return total
 
 
+@pytest.mark.parametrize("planned", [0, 1])
 @pytest.mark.parametrize("config", [VGRPOConfig(n_mc=3), NaiveELBOConfig(n_mc=3)])
-def test_measure_surrogate_equals_a_hand_written_re_estimation(config):
+def test_measure_surrogate_equals_a_hand_written_re_estimation(config, planned):
+    """``planned = 1``: the trainer's one-step plan (no old forward in ``prepare``) is lifted meanwhile."""
     adapter = TinyAdapter()
     g = torch.Generator().manual_seed(0)
     b = 6
@@ -109,10 +111,12 @@ def test_measure_surrogate_equals_a_hand_written_re_estimation(config):
         advantages=torch.randn(b, generator=g, dtype=DT),
     )
     surrogate = VGRPOSurrogate(config)
+    surrogate.plan_updates(planned)
     got = measure_surrogate(
         surrogate, batch, adapter, torch.Generator().manual_seed(7), repeats=3, grad_samples=4
     )
     assert batch.extras == {}  # the batch itself is untouched
+    assert surrogate.gradient_steps == planned  # the trainer's plan is restored
     # independent: the same three pair draws, the surrogate and its gradients written out
     gen = torch.Generator().manual_seed(7)
     params = list(adapter.denoiser.parameters())

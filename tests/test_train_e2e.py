@@ -94,6 +94,7 @@ def test_micro_batching_equals_the_full_batch(tmp_path):
             captured.update({k: p.grad.clone() for k, p in trainer.session.trainable.items()})
 
         trainer.optimizer.step = capture
+        assert trainer.session.surrogate.gradient_steps == 1  # planned: loss's forward is the old policy's
         trainer.iterate(1)
         grads.append(captured)
     scale = max(g.abs().max().item() for g in grads[0].values())
@@ -113,6 +114,7 @@ def test_several_gradient_steps_go_off_policy(tmp_path):
             "train.micro_batch_size=4",
         )
     )
+    assert trainer.session.surrogate.gradient_steps == 4  # planned: prepare stores the old policy
     trainer.run()
     trains = [r for r in read_metrics(trainer.run_dir / "metrics.jsonl") if r["kind"] == "train"]
     assert all(r["gradient_steps"] == 4 for r in trains)

@@ -425,3 +425,47 @@ def test_prepare_through_chunked_predictions_equals_the_whole_batch(kl_anchor: s
     assert a.extras.keys() == b.extras.keys()
     for key in a.extras:
         torch.testing.assert_close(a.extras[key], b.extras[key])
+
+
+@pytest.mark.parametrize("kl_beta", [0.0, 0.3])
+def test_one_step_plan_skips_the_old_forward_and_gives_the_same_loss_and_gradient(kl_beta: float) -> None:
+    """``plan_updates(1)``: ``loss`` runs on the old policy, so ``prepare`` needs no forward of its own."""
+    cfg = VGRPOConfig(n_mc=3, kl_beta=kl_beta, kl_anchor="old")
+    results = {}
+    for planned in (0, 1):
+        adapter = TinyAdapter()
+        calls: list[int] = []
+        inner = adapter.predict
+        adapter.predict = lambda z, t, c, calls=calls, inner=inner: calls.append(z.shape[0]) or inner(z, t, c)
+        batch = make_batch(adapter, GROUPS)
+        sur = VGRPOSurrogate(cfg)
+        sur.plan_updates(planned)
+        sur.prepare(batch, adapter, torch.Generator().manual_seed(0))
+        prepare_calls = len(calls)
+        loss, metrics = sur.loss(batch, adapter)
+        results[planned] = (
+            prepare_calls,
+            batch.extras.keys(),
+            loss.detach(),
+            metrics,
+            flat_grad(loss, adapter.denoiser),
+        )
+    (calls0, keys0, loss0, m0, g0), (calls1, keys1, loss1, m1, g1) = results[0], results[1]
+    assert calls0 == cfg.n_mc and calls1 == 0  # one forward per pair before, none now
+    assert "old_loss" in keys0 and "old_loss" not in keys1
+    assert m1["ratio_min"] == m1["ratio_max"] == 1.0 and m1["kl"] == 0.0
+    assert m1["surrogate_old"] == m0["surrogate_old"]
+    torch.testing.assert_close(loss1, loss0, rtol=0, atol=0)
+    torch.testing.assert_close(g1, g0, rtol=1e-14, atol=1e-16)
+
+
+def test_a_planned_step_count_above_one_keeps_the_old_forward() -> None:
+    adapter = TinyAdapter()
+    batch = make_batch(adapter, GROUPS)
+    sur = VGRPOSurrogate(VGRPOConfig(kl_beta=0.3))
+    sur.plan_updates(2)  # the second step's policy is no longer the old one: old_loss must be stored
+    sur.prepare(batch, adapter, torch.Generator().manual_seed(0))
+    assert {"old_loss", "old_x0"} <= set(batch.extras)
+    perturb(adapter.denoiser)
+    _, metrics = sur.loss(batch, adapter)
+    assert metrics["ratio_max"] != 1.0 and metrics["kl"] > 0

@@ -17,8 +17,10 @@ their inputs, with its own generator so the training RNG streams are untouched.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+from collections.abc import Iterator
 
 import torch
 
@@ -100,6 +102,32 @@ def measure_surrogate(
     """
     if hasattr(surrogate, "rollout"):  # MDP surrogates (per-step log-probs): no per-sample ELBO
         return {}
+    with _old_policy_stored(surrogate):
+        return _measure(surrogate, batch, adapter, generator, repeats, grad_samples)
+
+
+@contextlib.contextmanager
+def _old_policy_stored(surrogate: Surrogate) -> Iterator[None]:
+    """Make ``prepare`` store ``old_loss`` even where the trainer planned one step per batch."""
+    plan_updates = getattr(surrogate, "plan_updates", None)
+    planned = getattr(surrogate, "gradient_steps", 0)
+    if plan_updates is not None:
+        plan_updates(0)
+    try:
+        yield
+    finally:
+        if plan_updates is not None:
+            plan_updates(planned)
+
+
+def _measure(
+    surrogate: Surrogate,
+    batch: RolloutBatch,
+    adapter: Adapter,
+    generator: torch.Generator,
+    repeats: int,
+    grad_samples: int,
+) -> dict[str, float]:
     values = []
     first = None
     for _ in range(repeats):

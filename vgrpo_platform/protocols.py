@@ -165,6 +165,9 @@ class Surrogate(Protocol):
       recording its trajectory ``[B, T+1, *L]``, timesteps ``[B, T+1]`` and old log-probs ``[B, T]``;
       ``extras`` (batch-first) start ``batch.extras``, so micro-batching slices them.
     - ``after_step(adapter) -> None``: after each optimiser step, e.g. to update an EMA old policy.
+    - ``plan_updates(gradient_steps: int) -> None``: told once, before training, how many optimiser
+      steps each batch gets (0 = unknown). With 1, ``loss`` runs on the old policy itself, so
+      ``prepare`` may leave the old policy's forward to ``loss`` (one forward pass fewer per sample).
     """
 
     def prepare(self, batch: RolloutBatch, adapter: Adapter, generator: torch.Generator) -> None:

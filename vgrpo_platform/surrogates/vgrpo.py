@@ -7,7 +7,10 @@ are scored.
 
 ``batch.extras`` keys written by ``prepare`` (batch-first, so micro-batching slices them):
 ``"t"`` ``[B, K]``, ``"eps"`` ``[B, K, *L]``, ``"old_loss"`` ``[B]``, and, when ``kl_beta > 0``,
-``"old_x0"`` or ``"ref_x0"`` ``[B, K, *L]`` (the KL anchor's x-predictions).
+``"old_x0"`` or ``"ref_x0"`` ``[B, K, *L]`` (the KL anchor's x-predictions). When the trainer plans
+one optimiser step per batch (``plan_updates(1)``), ``loss`` runs on the old policy itself, so
+``prepare`` skips the old policy's forward and ``loss`` takes ``old_loss`` (and ``old_x0``) from its own
+forward, detached: the same ratio of exactly 1 and the same gradient, for one forward pass fewer.
 """
 
 from __future__ import annotations
@@ -44,6 +47,15 @@ class VGRPOSurrogate:
 
     def __init__(self, config: VGRPOConfig | None = None) -> None:
         self.config = config if config is not None else VGRPOConfig()
+        self.gradient_steps = 0  # optimiser steps per batch, as planned by the trainer (0 = unknown)
+
+    def plan_updates(self, gradient_steps: int) -> None:
+        """With one step per batch the loss's own forward is the old policy's (see the module doc)."""
+        self.gradient_steps = gradient_steps
+
+    @property
+    def old_from_loss(self) -> bool:
+        return self.gradient_steps == 1
 
     def _pair_losses(self, x_hat: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
         """``[B, K]`` per-pair losses from ``x_hat`` ``[B, K, *L]`` and ``x0`` ``[B, *L]``."""
@@ -73,13 +85,15 @@ class VGRPOSurrogate:
                 rows=batch.rows,
             )  # [B, K], [B, K, *L]
             eps = eps.to(x0.dtype)
-            x_hat = predict_x0_on_pairs(adapter, x0, t, eps, batch.cond)  # [B, K, *L]
             batch.extras["t"] = t
             batch.extras["eps"] = eps
-            batch.extras["old_loss"] = elbo.surrogate_loss(self._pair_losses(x_hat, x0))  # [B]
+            if not self.old_from_loss:
+                x_hat = predict_x0_on_pairs(adapter, x0, t, eps, batch.cond)  # [B, K, *L]
+                batch.extras["old_loss"] = elbo.surrogate_loss(self._pair_losses(x_hat, x0))  # [B]
             if cfg.kl_beta > 0:
                 if cfg.kl_anchor == "old":
-                    batch.extras["old_x0"] = x_hat
+                    if not self.old_from_loss:
+                        batch.extras["old_x0"] = x_hat
                 else:
                     from vgrpo_platform.finetune import reference_mode
 
@@ -91,12 +105,15 @@ class VGRPOSurrogate:
         cfg = self.config
         if batch.advantages is None:
             raise ValueError("VGRPOSurrogate.loss needs batch.advantages (compute them before the update)")
-        if "old_loss" not in batch.extras:
+        if "t" not in batch.extras or ("old_loss" not in batch.extras and not self.old_from_loss):
             raise ValueError("VGRPOSurrogate.loss needs the extras written by prepare(); call it first")
         x0 = batch.latents  # [B, *L]
         x_hat = predict_x0_on_pairs(adapter, x0, batch.extras["t"], batch.extras["eps"], batch.cond)
         new_loss = elbo.surrogate_loss(self._pair_losses(x_hat, x0))  # [B]
-        old_loss = batch.extras["old_loss"].to(new_loss.dtype)  # [B]
+        if "old_loss" in batch.extras:
+            old_loss = batch.extras["old_loss"].to(new_loss.dtype)  # [B]
+        else:  # one step per batch: this forward is the old policy's
+            old_loss = new_loss.detach()
         rho = elbo.ratio(old_loss, new_loss)  # [B]
         advantages = batch.advantages.to(rho.dtype)  # [B]
         objective = elbo.ppo_clip_objective(rho, advantages, cfg.clip_range)
@@ -105,9 +122,13 @@ class VGRPOSurrogate:
         kl = torch.zeros((), dtype=new_loss.dtype, device=new_loss.device)
         if cfg.kl_beta > 0:
             anchor_key = "old_x0" if cfg.kl_anchor == "old" else "ref_x0"
-            if anchor_key not in batch.extras:
+            if anchor_key == "old_x0" and anchor_key not in batch.extras and self.old_from_loss:
+                anchor = x_hat.detach()  # zero KL with zero gradient, as on any first step
+            elif anchor_key in batch.extras:
+                anchor = batch.extras[anchor_key]
+            else:
                 raise ValueError(f"kl_beta > 0 but batch.extras has no {anchor_key!r}; was prepare() run?")
-            kl = elbo.kl_penalty(x_hat, batch.extras[anchor_key], x0.ndim - 1).mean()
+            kl = elbo.kl_penalty(x_hat, anchor, x0.ndim - 1).mean()
             loss = loss + cfg.kl_beta * kl
 
         with torch.no_grad():
