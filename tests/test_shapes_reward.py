@@ -239,6 +239,22 @@ def test_reward_scores_a_batch():
     assert weighted[3].item() == pytest.approx((3 * 0 + 1 + 1) / 5)
     strict = _build(objective="correct").score(samples, asked, [{}] * 4)
     assert torch.equal(strict["score"], out["correct"])
+    # product: one wrong criterion zeroes the score, which the mean only lowers
+    product = _build(objective="product").score(samples, asked, [{}] * 4)["score"]
+    assert product.tolist() == [1, 1, 0, 0]
+
+
+def test_product_objective_multiplies_fractional_criteria_with_weights_as_exponents():
+    samples = _batch(["two blue squares", "a red circle to the left of a green square"], seed=3)
+    asked = ["three blue squares", "a red circle to the left of a green triangle"]
+    out = _build(objective="product", weights={"count": 2.0}).score(samples, asked, [{}] * 2)
+    applies = [("color", "shape", "count"), ("color", "shape", "count", "position")]
+    for i, names in enumerate(applies):
+        want = 1.0
+        for c in names:
+            want *= out[c][i].item() ** (2.0 if c == "count" else 1.0)
+        assert out["score"][i].item() == pytest.approx(want, rel=1e-6)
+    assert 0 < out["score"][0].item() < 1  # a fractional count, squared, not a 0/1 verdict
 
 
 def test_reward_rejects_bad_input():

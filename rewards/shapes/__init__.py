@@ -17,7 +17,8 @@ from vgrpo_platform.registry import PluginConfig
 
 class Weights(PluginConfig):
     """Weights of the per-criterion scores in ``objective = "partial"`` (a weighted mean over the
-    criteria that apply: ``position`` only counts for prompts with a relation)."""
+    criteria that apply: ``position`` only counts for prompts with a relation) and exponents in
+    ``objective = "product"``."""
 
     color: float = Field(1.0, ge=0)
     shape: float = Field(1.0, ge=0)
@@ -26,7 +27,9 @@ class Weights(PluginConfig):
 
 
 class Config(PluginConfig):
-    objective: Literal["partial", "correct"] = "partial"  # dense weighted mean, or the 0/1 `correct`
+    # "partial": weighted mean of the criteria; "correct": the 0/1 `correct`; "product": the criteria's
+    # product (weights as exponents), dense like "partial" but, like "correct", high only when all are right
+    objective: Literal["partial", "correct", "product"] = "partial"
     weights: Weights = Field(default_factory=Weights)
     value_threshold: float = Field(0.4, gt=0, lt=1)  # min max(R, G, B) of a shape's pixel, in [0, 1]
     saturation_threshold: float = Field(0.35, gt=0, lt=1)  # min (max - min) / max of a shape's pixel

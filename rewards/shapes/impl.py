@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +26,7 @@ def to_uint8(data: torch.Tensor) -> np.ndarray:
 
 class ShapesReward:
     """Scores images against shapes-world prompts; ``score`` is the weighted mean of the applicable
-    criteria (``objective="partial"``) or ``correct`` (``objective="correct"``)."""
+    criteria (``objective="partial"``), their weighted product (``"product"``) or ``correct``."""
 
     modalities = frozenset({"image"})
 
@@ -56,7 +57,9 @@ class ShapesReward:
             partial = (
                 sum(self.weights[c] * s[c] for c in CRITERIA if applies[c]) / total if total else s["correct"]
             )
-            s["score"] = s["correct"] if self.config.objective == "correct" else partial
+            product = math.prod(s[c] ** self.weights[c] for c in CRITERIA if applies[c])
+            by_objective = {"correct": s["correct"], "partial": partial, "product": product}
+            s["score"] = by_objective[self.config.objective]
             rows.append(s)
         keys = ("score", *CRITERIA, "correct")
         return {
