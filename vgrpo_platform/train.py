@@ -232,17 +232,17 @@ class Trainer:
     ) -> dict:
         """Apply ``train.on_fault``: the ``skipped`` record to log, or raise after saving what is exact."""
         t = self.recipe.train
-        policy = t.on_fault
+        hint_policy = t.on_fault
         if self.half_step:  # DeepSpeed holds the reduced gradients of a half-accumulated step: no skip
             fault = type(fault)(f"{fault}; DeepSpeed cannot drop a half-accumulated step, so the run stops")
-            policy = "skip"  # no hint to switch to it
-        if policy == "stop" or in_a_row >= t.max_consecutive_skips or self.half_step:
+            hint_policy = "skip"  # so the message does not suggest switching to "skip"
+        if t.on_fault == "stop" or in_a_row >= t.max_consecutive_skips or self.half_step:
             saved = None
             if not self.stepped and iteration > 1:  # the weights are still those after iteration - 1
                 self._set_loop_state(before)
                 self.save(iteration - 1, elapsed)
                 saved = iteration - 1
-            raise with_policy_hint(fault, policy, saved) from fault
+            raise with_policy_hint(fault, hint_policy, saved) from fault
         self.optimizer.zero_grad(set_to_none=True)
         return {"kind": "skipped", "iteration": iteration, "reason": str(fault)}
 
