@@ -35,6 +35,7 @@ SETTINGS = [
     "log.checkpoint_every=0",
     "log.diagnostics_every=2",
     "log.progress='none'",
+    "train.ema_decay=0.5",  # the final eval sees the moving average (FSDP2: each rank averages its slice)
 ]
 
 
@@ -90,9 +91,9 @@ def single(tmp_path_factory) -> Path:
     return _run(tmp_path_factory.mktemp("single"), "single", [sys.executable, "-m", "vgrpo_platform"])
 
 
-def _final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+def _final_weights(run_dir: Path, file: str = "trainable.safetensors") -> dict[str, torch.Tensor]:
     ckpt = list_checkpoints(run_dir)[-1]
-    return load_file(ckpt / "trainable.safetensors")
+    return load_file(ckpt / file)
 
 
 def _close(a: float | str, b: float | str) -> bool:
@@ -125,6 +126,10 @@ def test_two_processes_equal_one_process_on_the_same_global_batch(tmp_path, sing
         torch.testing.assert_close(w1[key], w2[key], rtol=1e-5, atol=5e-6)
         moved += float(w1[key].abs().sum())
     assert moved > 0
+    a1, a2 = (_final_weights(r, "averaged.safetensors") for r in (single, ranks))
+    for key in w1:  # the moving average, gathered whole like the weights
+        torch.testing.assert_close(a1[key], a2[key], rtol=1e-5, atol=5e-6)
+        assert not torch.equal(a1[key], w1[key]) or not w1[key].any()
     # the optimiser state is stored whole, in the single-process layout
     o1, o2 = (
         torch.load(list_checkpoints(r)[-1] / "optimizer.pt", weights_only=True) for r in (single, ranks)
@@ -155,6 +160,10 @@ def test_a_sharded_run_resumes_from_its_full_checkpoint(tmp_path, single, kind):
     for key, value in _final_weights(single).items():
         torch.testing.assert_close(value, _final_weights(first)[key], rtol=1e-5, atol=5e-6)
         torch.testing.assert_close(value, _final_weights(alone)[key], rtol=1e-5, atol=5e-6)
+    for key, value in _final_weights(single, "averaged.safetensors").items():  # restored, then averaged on
+        for resumed_run in (first, alone):
+            averaged = _final_weights(resumed_run, "averaged.safetensors")[key]
+            torch.testing.assert_close(value, averaged, rtol=1e-5, atol=5e-6)
 
 
 def test_an_uneven_prompt_split_fails_before_training():

@@ -3,7 +3,8 @@
 Layout of ``RUN/checkpoints/iter_000010/``: ``trainable.safetensors`` (the trained weights by name),
 ``optimizer.pt`` (optimizer and LR-schedule state, loaded with ``weights_only=True``),
 ``rng.safetensors`` (every generator's state) and ``state.json`` (iteration, prompt position,
-recipe fingerprint). Nothing is ever unpickled beyond tensors and plain containers.
+recipe fingerprint), and with ``train.ema_decay`` also ``averaged.safetensors`` (the weights' moving
+average, by name). Nothing is ever unpickled beyond tensors and plain containers.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from vgrpo_platform.errors import CheckpointError
 
 PREFIX = "iter_"
 FILES = ("trainable.safetensors", "optimizer.pt", "rng.safetensors", "state.json")
+AVERAGED = "averaged.safetensors"  # optional: only runs with train.ema_decay write it
 
 
 @dataclass
@@ -32,6 +34,12 @@ class Checkpoint:
     optimizer: dict[str, Any]
     rng: dict[str, torch.Tensor]
     state: dict[str, Any]
+    averaged: dict[str, torch.Tensor] | None = None  # the EMA weights, where the run kept them
+
+    @property
+    def served_weights(self) -> dict[str, torch.Tensor]:
+        """What the run evaluated and exported: the moving average where there is one."""
+        return self.averaged if self.averaged is not None else self.weights
 
 
 def checkpoint_dir(run_dir: Path) -> Path:
@@ -47,6 +55,7 @@ def save_checkpoint(
     rng: dict[str, torch.Tensor],
     state: dict[str, Any],
     keep_last: int,
+    averaged: dict[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write checkpoint ``iteration`` atomically and delete all but the newest ``keep_last``."""
     root = checkpoint_dir(run_dir)
@@ -58,6 +67,8 @@ def save_checkpoint(
     save_file(
         {k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(tmp / "trainable.safetensors")
     )
+    if averaged is not None:
+        save_file({k: v.contiguous().cpu() for k, v in averaged.items()}, str(tmp / AVERAGED))
     torch.save(optimizer, tmp / "optimizer.pt")
     save_file({k: v.contiguous() for k, v in rng.items()}, str(tmp / "rng.safetensors"))
     (tmp / "state.json").write_text(json.dumps({**state, "iteration": iteration}, indent=1))
@@ -110,12 +121,15 @@ def load_checkpoint(path: Path) -> Checkpoint:
         rng = load_file(str(path / "rng.safetensors"))
         optimizer = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
         state = json.loads((path / "state.json").read_text())
+        averaged = load_file(str(path / AVERAGED)) if (path / AVERAGED).is_file() else None
     except Exception as exc:  # safetensors, pickle and json each raise their own types
         raise CheckpointError(
             f"checkpoint {path} is unreadable ({type(exc).__name__}: {exc}); "
             "delete it to resume from an older one"
         ) from exc
-    return Checkpoint(path=path, weights=weights, optimizer=optimizer, rng=rng, state=state)
+    return Checkpoint(
+        path=path, weights=weights, optimizer=optimizer, rng=rng, state=state, averaged=averaged
+    )
 
 
 def latest_valid_checkpoint(run_dir: Path, on_skip: Callable[[str], None] | None = None) -> Checkpoint | None:

@@ -84,11 +84,18 @@ def reference_mode(adapter) -> Iterator[None]:  # noqa: ANN001 - any protocols.A
     if reference is None:
         yield  # nothing trained yet: the current weights are the reference
         return
-    params = dict(denoiser.named_parameters())
+    with values_swapped_in(dict(denoiser.named_parameters()), reference):
+        yield
+
+
+@contextmanager
+def values_swapped_in(params: dict[str, torch.Tensor], values: dict[str, torch.Tensor]) -> Iterator[None]:
+    """Inside: each parameter holds ``values[name]``; after: its own values again, bit for bit (also on
+    an exception). How a reference, an EMA or an averaged model is evaluated without a second copy."""
     current = {n: p.detach().clone() for n, p in params.items()}
     with torch.no_grad():
         for n, p in params.items():
-            p.copy_(reference[n])
+            p.copy_(values[n])
     try:
         yield
     finally:

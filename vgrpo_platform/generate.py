@@ -51,14 +51,15 @@ def sample_to_folder(
     session = build_session(resolved, context)
     ckpt = _resolve_checkpoint(checkpoint, run_dir_of(recipe))
     if ckpt is not None:
-        missing = set(session.trainable) - set(ckpt.weights)
+        weights = ckpt.served_weights  # the moving average where the run kept one: what it evaluated
+        missing = set(session.trainable) - set(weights)
         if missing:
             raise CheckpointError(
                 f"checkpoint {ckpt.path} does not fit this recipe's model ({len(missing)} weights missing); "
                 "use the recipe the run was trained with"
             )
         for name, p in session.trainable.items():
-            p.copy_(ckpt.weights[name].to(p.device, p.dtype))
+            p.copy_(weights[name].to(p.device, p.dtype))
     session.adapter.denoiser.eval()
     if not prompts:
         prompts = (resolved.eval_prompts or resolved.train_prompts)[: recipe.eval.max_prompts]

@@ -12,6 +12,8 @@ How it departs from textbook GRPO (see docs/concepts.md):
   the full mini-batch's whatever ``micro_batch_size`` is.
 - Ctrl-C or SIGTERM finish the current iteration, save a checkpoint and exit; ``--resume`` continues
   from the newest complete checkpoint with the same RNG and prompt-sampler state.
+- With ``train.ema_decay`` a moving average of the weights is what evaluations, grids and the
+  exported model see; the optimiser, rollouts and the surrogate keep the raw weights (``ema.py``).
 - Under ``accelerate launch`` / ``torchrun`` each process rolls out a contiguous block of whole prompt
   groups; rewards are gathered, so advantages and metrics see the global batch, and the random draws
   are made for the global batch on every rank (``distributed.py``): N processes equal one process.
@@ -25,7 +27,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -48,6 +50,7 @@ from vgrpo_platform.distributed import (
     reduce_metrics,
     shard_of,
 )
+from vgrpo_platform.ema import WeightAverage
 from vgrpo_platform.errors import CheckpointError, RecipeError, RewardError, VgrpoError
 from vgrpo_platform.faults import (
     FAULTS,
@@ -143,6 +146,8 @@ class Trainer:
         # FSDP2 swapped the parameters for sharded ones under the same names
         self.session.trainable = finetune.trainable_named_parameters(denoiser)
         self.params = list(self.session.trainable.values())
+        # after sharding, so the average mirrors each rank's slice
+        self.average = WeightAverage(self.session.trainable, t.ema_decay) if t.ema_decay else None
         self.lr_schedule = build_lr_schedule(self.optimizer, t)
         plan_updates = getattr(self.session.surrogate, "plan_updates", None)  # optional surrogate hook
         if plan_updates is not None:
@@ -220,7 +225,7 @@ class Trainer:
             self.routed.restore()
         export = getattr(self.session.adapter, "export_trained", None)
         if export is not None:
-            with sharding.unsharded(self.session.adapter.denoiser):  # every rank gathers; one writes
+            with self._served(), sharding.unsharded(self.session.adapter.denoiser):  # all gather; one writes
                 if self.accelerator.is_main_process:
                     export(self.run_dir / "final")
         if self.accelerator.is_main_process:
@@ -415,6 +420,8 @@ class Trainer:
             self.optimizer.step()
             self.stepped = True  # from here a fault can no longer be undone by replaying the iteration
             self.lr_schedule.step()
+            if self.average is not None:
+                self.average.update(self.session.trainable)
             after_step = getattr(self.session.surrogate, "after_step", None)  # e.g. an EMA old policy
             if after_step is not None:
                 after_step(self.session.adapter)
@@ -451,9 +458,19 @@ class Trainer:
         return reduce_metrics(self.accelerator, found)  # each rank measured its own rows
 
     # ------------------------------------------------------------------------------------- evaluation
-    @torch.no_grad()
+    def _served(self) -> AbstractContextManager[None]:
+        """The weights users get (evaluations, grids, export): the moving average where there is one."""
+        if self.average is None:
+            return nullcontext()
+        return self.average.applied(self.session.trainable)
+
     def evaluate(self, iteration: int, *, wall: float) -> float:
         """Held-out prompts, fixed seeds: the same noise every time, so curves compare like with like."""
+        with self._served():
+            return self._evaluate(iteration, wall=wall)
+
+    @torch.no_grad()
+    def _evaluate(self, iteration: int, *, wall: float) -> float:
         recipe, session = self.recipe, self.session
         e = recipe.eval
         sampler = SamplerSpec(e.sampler or recipe.rollout.sampler, e.steps or recipe.rollout.steps)
@@ -516,6 +533,7 @@ class Trainer:
         """Every rank gathers the full state (sharded parameters); the main process writes it."""
         weights = sharding.full_weights(self.session.trainable)
         optimizer = sharding.gather_optimizer(self.optimizer, self.params)
+        averaged = self.average.full_state() if self.average is not None else None
         path = None
         if self.accelerator.is_main_process:
             path = save_checkpoint(
@@ -530,6 +548,7 @@ class Trainer:
                     "elapsed_seconds": elapsed,
                 },
                 keep_last=self.recipe.log.keep_last,
+                averaged=averaged,
             )
         self.accelerator.wait_for_everyone()
         return path
@@ -558,6 +577,15 @@ class Trainer:
         sharding.load_weights(self.session.trainable, ckpt.weights)
         sharding.load_optimizer(self.optimizer, self.params, ckpt.optimizer["optimizer"])
         self.lr_schedule.load_state_dict(ckpt.optimizer["lr_schedule"])
+        if self.average is not None:
+            if ckpt.averaged is None:  # EMA switched on for the rest of a run: it starts from here
+                print(
+                    f"warning: {ckpt.path} holds no moving average; it starts from the restored weights",
+                    file=sys.stderr,
+                )
+                self.average.load_full_state(ckpt.weights)
+            else:
+                self.average.load_full_state(ckpt.averaged)
         self._set_rng_state(ckpt.rng)
         self.prompts.load_state_dict(ckpt.state["prompt_sampler"])
         self.start_iteration = int(ckpt.state["iteration"])

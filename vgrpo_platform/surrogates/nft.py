@@ -25,6 +25,7 @@ from contextlib import contextmanager
 
 import torch
 
+from vgrpo_platform.finetune import values_swapped_in
 from vgrpo_platform.protocols import Adapter, RolloutBatch
 from vgrpo_platform.surrogates import elbo
 from vgrpo_platform.surrogates.plugin import DiffusionNFTConfig
@@ -95,17 +96,8 @@ class EMAPolicy:
     def applied(self, module: torch.nn.Module) -> Iterator[None]:
         """Inside: the trainable parameters hold the EMA values (use under ``torch.no_grad``)."""
         self.initialise(module)
-        params = self._trainable(module)
-        current = {n: p.detach().clone() for n, p in params.items()}
-        with torch.no_grad():
-            for n, p in params.items():
-                p.copy_(self.state[n])
-        try:
+        with values_swapped_in(self._trainable(module), self.state):
             yield
-        finally:
-            with torch.no_grad():
-                for n, p in params.items():
-                    p.copy_(current[n])
 
 
 class DiffusionNFTSurrogate:
