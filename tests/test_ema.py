@@ -72,7 +72,7 @@ def _records(run_dir: Path, kind: str) -> list[dict]:
 
 
 def test_a_run_trains_the_raw_weights_and_evaluates_the_average(tmp_path):
-    plain = _run(tmp_path, "plain")
+    plain = _run(tmp_path, "plain", "train.ema_decay=0")  # 0, like none, is off
     averaged = _run(tmp_path, "ema", "train.ema_decay=0.5")
     assert _records(averaged, "train") == _records(plain, "train"), "the average never touches training"
     evals_plain, evals_ema = _records(plain, "eval"), _records(averaged, "eval")

@@ -72,8 +72,8 @@ class TrainSection(Section):
     lr_final_ratio: float = Field(0.1, ge=0, le=1)
     grad_clip: float | None = 1.0
     # moving average of the weights (per optimiser step) that evaluations, grids and the exported model
-    # use; the optimiser keeps the raw weights. None = off; 0.95 averages over ~20 steps
-    ema_decay: float | None = Field(None, gt=0, lt=1)
+    # use; the optimiser keeps the raw weights. None or 0 = off; 0.95 averages over ~20 steps
+    ema_decay: float | None = Field(None, ge=0, lt=1)
     finetune: Literal["lora", "full"] = "lora"
     lora_rank: int = Field(8, ge=1)
     lora_alpha: float = 16.0
