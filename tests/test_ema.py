@@ -53,7 +53,7 @@ def test_applied_swaps_the_average_in_and_restores_the_trained_weights_bit_for_b
         WeightAverage({"w": param}, 1.0)
 
 
-def _run(tmp_path: Path, name: str, *overrides: str) -> Path:
+def _run(tmp_path: Path, name: str, *overrides: str, resume: bool = False) -> Path:
     settings = [
         f"run.output_dir={tmp_path.as_posix()!r}",
         f"run.name={name!r}",
@@ -63,7 +63,7 @@ def _run(tmp_path: Path, name: str, *overrides: str) -> Path:
         "log.checkpoint_every=2",
         *overrides,
     ]
-    return Trainer(resolve_recipe(TOY, settings)).run()
+    return Trainer(resolve_recipe(TOY, settings), resume=resume).run()
 
 
 def _records(run_dir: Path, kind: str) -> list[dict]:
@@ -104,9 +104,7 @@ def test_resume_restores_the_average(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="simulated crash"):
         _run(tmp_path, "crash", "train.ema_decay=0.5")
     monkeypatch.setattr(Trainer, "iterate", original)
-    settings = [f"run.output_dir={tmp_path.as_posix()!r}", "run.name='crash'", "log.progress='none'"]
-    settings += ["train.iterations=4", "eval.every=2", "log.checkpoint_every=2", "train.ema_decay=0.5"]
-    resumed = Trainer(resolve_recipe(TOY, settings), resume=True).run()
+    resumed = _run(tmp_path, "crash", "train.ema_decay=0.5", resume=True)
     assert _records(resumed, "eval") == _records(reference, "eval")
     done, expected = (load_checkpoint(list_checkpoints(d)[-1]).averaged for d in (resumed, reference))
     assert done.keys() == expected.keys()

@@ -39,10 +39,9 @@ class WeightAverage:
         return values_swapped_in(trainable, self.average)
 
     def full_state(self) -> dict[str, torch.Tensor]:
-        """Name -> full tensor (shards gathered; every rank must call it, in the same order)."""
-        return {name: sharding.full(self.average[name]).detach() for name in sorted(self.average)}
+        """Name -> full tensor, gathered like the weights (every rank must call it)."""
+        return sharding.full_weights(self.average)
 
-    @torch.no_grad()
     def load_full_state(self, weights: dict[str, torch.Tensor]) -> None:
-        for name in sorted(self.average):
-            self.average[name].copy_(sharding.like(weights[name], self.average[name]))
+        """Full tensors back into the average, each rank keeping its slice."""
+        sharding.load_weights(self.average, weights)
