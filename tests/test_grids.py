@@ -1,4 +1,4 @@
-"""Sample grids: the before/after picture a run leaves behind."""
+"""Sample grids: labelled, near-square evaluation pages and the before/after picture a run leaves behind."""
 
 from __future__ import annotations
 
@@ -6,33 +6,86 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vgrpo_platform.grids import save_before_after, save_grid
+from vgrpo_platform.grids import (
+    RIGHT,
+    WRONG,
+    GridSpec,
+    read_layout,
+    save_before_after,
+    save_grid,
+    verdict_key,
+)
 from vgrpo_platform.protocols import Samples
 
 
-def test_before_after_puts_the_same_rows_of_two_grids_side_by_side(tmp_path):
-    rows, columns, side = 5, 2, 8
-    dark = Samples("image", torch.zeros(rows * columns, 3, side, side))
-    bright = Samples("image", torch.ones(rows * columns, 3, side, side))
-    save_grid(dark, tmp_path / "a.png", columns=columns)
-    save_grid(bright, tmp_path / "b.png", columns=columns)
-    out = save_before_after(tmp_path / "a.png", tmp_path / "b.png", tmp_path / "ba.png", rows=rows,
-                            keep_rows=3, pair_columns=2, min_height=1)
-    image = np.asarray(Image.open(out))
-    grid_w, row_h = columns * (side + 2), side + 2
-    pair_w = 2 * grid_w + 4
-    assert image.shape[1] == 2 * pair_w + 12  # two (before | after) pairs across
-    assert image.shape[0] == 12 + 2 * row_h  # label strip + 3 prompt rows on 2 lines
-    for x0, y0 in ((0, 12), (pair_w + 12, 12), (0, 12 + row_h)):  # each pair: dark before, bright after
-        before = image[y0 + 1 : y0 + 1 + side, x0 + 1 : x0 + 1 + side]
-        after = image[y0 + 1 : y0 + 1 + side, x0 + grid_w + 4 + 1 : x0 + grid_w + 4 + 1 + side]
-        assert before.max() == 0 and after.min() == 255
+def _grid(tmp_path, name, n_prompts, group, value, verdicts=None, spec=GridSpec()):
+    samples = Samples("image", torch.full((n_prompts * group, 3, 8, 8), float(value)))
+    details = {"shapes/correct": verdicts} if verdicts is not None else None
+    prompts = [f"prompt number {i}" for i in range(n_prompts)]
+    return save_grid(samples, tmp_path / name, group_size=group, prompts=prompts, details=details, spec=spec)
 
 
-def test_before_after_enlarges_small_grids_and_skips_missing_ones(tmp_path):
-    tiny = Samples("image", torch.rand(2, 3, 4, 4))
-    save_grid(tiny, tmp_path / "a.png", columns=1)
-    save_grid(tiny, tmp_path / "b.png", columns=1)
-    out = save_before_after(tmp_path / "a.png", tmp_path / "b.png", tmp_path / "ba.png", rows=2)
-    assert Image.open(out).height >= 512
-    assert save_before_after(tmp_path / "a.png", tmp_path / "none.png", tmp_path / "x.png", rows=2) is None
+def test_a_large_evaluation_is_wrapped_near_square_and_capped(tmp_path):
+    path = _grid(tmp_path, "eval.png", n_prompts=189, group=4, value=0.5, spec=GridSpec(max_tiles=48))
+    image = Image.open(path)
+    assert 0.5 < image.width / image.height < 2.0  # was one column 6,426 px tall
+    assert max(image.size) <= 2048
+    layout = read_layout(path)
+    assert len(layout["tiles"]) == 48 and layout["prompts_total"] == 189
+    assert [t["prompt"] for t in layout["tiles"][:2]] == ["prompt number 0", "prompt number 1"]
+    # every frame box holds the enlarged sample (grey 0.5 -> 128), inside its border
+    pixels = np.asarray(image.convert("RGB"))
+    for tile in layout["tiles"]:
+        assert len(tile["frames"]) == 4
+        for x, y, w, h in tile["frames"]:
+            assert w == h == 64 + 4
+            assert (pixels[y + 2 : y + h - 2, x + 2 : x + w - 2] == 128).all()
+
+
+def test_frames_are_bordered_by_the_rewards_verdict(tmp_path):
+    verdicts = [1.0, 0.0, 0.0, 1.0]
+    path = _grid(tmp_path, "eval.png", n_prompts=2, group=2, value=0.0, verdicts=verdicts)
+    layout = read_layout(path)
+    assert layout["verdict_key"] == "shapes/correct"
+    pixels = np.asarray(Image.open(path).convert("RGB"))
+    seen = []
+    for tile in layout["tiles"]:
+        for x, y, _, _ in tile["frames"]:
+            seen.append(tuple(int(c) for c in pixels[y, x]))
+    assert seen == [RIGHT, WRONG, WRONG, RIGHT]
+    assert [v for t in layout["tiles"] for v in t["verdicts"]] == verdicts
+
+
+def test_verdict_key_is_a_correct_detail_or_none():
+    assert verdict_key({"shapes/color": [1.0], "shapes/correct": [0.0]}) == "shapes/correct"
+    assert verdict_key({"correct": [1.0]}) == "correct"
+    assert verdict_key({"ocr/edit_distance": [0.3]}) is None
+
+
+def test_before_after_pairs_each_prompts_samples_and_counts_the_correct_ones(tmp_path):
+    before = _grid(tmp_path, "a.png", n_prompts=10, group=2, value=0.0, verdicts=[0.0] * 20)
+    after = _grid(tmp_path, "b.png", n_prompts=10, group=2, value=1.0, verdicts=[1.0, 0.0] * 10)
+    out = save_before_after(before, after, tmp_path / "ba.png", keep=10)
+    image = np.asarray(Image.open(out).convert("RGB"))
+    assert 0.4 < image.shape[1] / image.shape[0] < 3.0  # two columns of pairs for 10 prompts
+    # the dark "before" frames sit left of the bright "after" ones on every pair row
+    dark = np.argwhere((image == 0).all(axis=-1))
+    bright = np.argwhere((image == 255).all(axis=-1) & (np.arange(image.shape[1])[None, :] > 0))
+    assert dark.size and bright.size
+    red = np.argwhere((image == WRONG).all(axis=-1))
+    green = np.argwhere((image == RIGHT).all(axis=-1))
+    assert red.size > green.size > 0  # 20 wrong frames before + 10 after, 10 right ones after
+
+
+def test_before_after_needs_both_grids_with_the_same_prompts(tmp_path):
+    a = _grid(tmp_path, "a.png", n_prompts=3, group=1, value=0.2)
+    assert save_before_after(a, tmp_path / "none.png", tmp_path / "x.png") is None
+    samples = Samples("image", torch.zeros(3, 3, 8, 8))
+    other = save_grid(samples, tmp_path / "c.png", group_size=1, prompts=["x", "y", "z"])
+    assert save_before_after(a, other, tmp_path / "x.png") is None
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_audio_samples_make_no_grid(tmp_path):
+    audio = Samples("audio", torch.zeros(2, 1, 100))
+    assert save_grid(audio, tmp_path / "a.png", group_size=1) is None

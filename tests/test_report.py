@@ -81,6 +81,7 @@ def make_run(root: Path, lines: list[str] | None = None) -> Path:
     (run / "metrics.jsonl").write_text("".join(line + "\n" for line in lines))
     for i in EVAL_ITERS:
         tiny_grid(run / "samples" / f"eval_{i:06d}.png", i)
+    tiny_grid(run / "samples" / "before_after.png", 99)
     (run / "recipe.toml").write_text(RECIPE_TOML)
     (run / "resolved_recipe.json").write_text(json.dumps({"run": {"name": "myrun"}}))
     return run
@@ -133,6 +134,13 @@ def test_html_references_every_grid_and_copies_it(report):
     assert re.findall(r'<img src="([^"]+)"', pair) == ["samples/eval_000000.png", "samples/eval_000004.png"]
     every = re.search(r'<div class="all">(.*?)</div>', text).group(1)
     assert re.findall(r'<img src="([^"]+)"', every) == [f"samples/eval_{i:06d}.png" for i in EVAL_ITERS]
+
+
+def test_html_shows_the_runs_before_after_picture(report):
+    run, _, text = report
+    assert '<img src="samples/before_after.png"' in text
+    copied = run / "report" / "samples" / "before_after.png"
+    assert copied.read_bytes() == (run / "samples" / "before_after.png").read_bytes()
 
 
 def test_html_table_holds_first_and_last_eval_values(report):
@@ -235,7 +243,7 @@ def test_cli_report_writes_and_prints_the_index(tmp_path, report):
     assert result.stdout.strip() == str(run / "report" / "index.html")
     assert "eval_000002.png" not in (run / "report" / "index.html").read_text()
     copies = sorted(p.name for p in (run / "report" / "samples").iterdir())
-    assert copies == ["eval_000000.png", "eval_000004.png"]
+    assert copies == ["before_after.png", "eval_000000.png", "eval_000004.png"]
     assert "was incomplete" not in (run / "report" / "index.html").read_text()  # this run's metrics are whole
 
 

@@ -24,6 +24,7 @@ from typing import Any
 from vgrpo_platform.errors import VgrpoError
 
 REPORT_DIR = "report"
+BEFORE_AFTER = "samples/before_after.png"  # written by the run at its end (vgrpo_platform.grids)
 TRAINING_PANELS = (  # (title, main key, (band low, band high) or None)
     ("loss", "loss", None),
     ("KL to the old policy", "kl", None),
@@ -339,13 +340,20 @@ def render_html(run_dir: Path, metrics: RunMetrics, grids: list[tuple[int, str]]
         if metrics.torn_last_line
         else ""
     )
+    before_after = ""
+    if (run_dir / REPORT_DIR / BEFORE_AFTER).is_file():
+        caption = "each prompt's samples at the first and the last evaluation"
+        before_after = _figure_html(BEFORE_AFTER, caption)
     if grids:
         (i0, p0), (i1, p1) = grids[0], grids[-1]
         pair = _figure_html(p0, f"first evaluation, iteration {i0}")
         pair += _figure_html(p1, f"last evaluation, iteration {i1}")
         every = "".join(_figure_html(p, f"iteration {i}") for i, p in grids)
         samples = (
-            "<p>Held-out prompts (one per row), the same seeds at every evaluation.</p>"
+            "<p>Held-out prompts, each with its samples under it; the same seeds at every evaluation. "
+            "Where a reward judges each sample (a <code>correct</code> detail), its border is green "
+            "(right) or red (wrong).</p>"
+            f"{before_after}"
             f'<div class="pair">{pair}</div><h3>All evaluations, in order</h3><div class="all">{every}</div>'
         )
     else:
@@ -387,6 +395,9 @@ def write_report(run_dir: Path | str) -> Path:
         samples_out.mkdir(exist_ok=True)
         shutil.copy2(src, samples_out / src.name)
         grids.append((iteration, f"samples/{src.name}"))
+    if (run_dir / BEFORE_AFTER).is_file():
+        samples_out.mkdir(exist_ok=True)
+        shutil.copy2(run_dir / BEFORE_AFTER, out / BEFORE_AFTER)
     index = out / "index.html"
     index.write_text(render_html(run_dir, metrics, grids), encoding="utf-8")
     return index

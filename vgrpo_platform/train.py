@@ -521,10 +521,14 @@ class Trainer:
             if self.metrics is not None:
                 self.metrics.write(record)
             if recipe.log.save_grids and images and samples is not None:
-                save_grid(
+                save_grid(  # ranks hold consecutive blocks of the prompts, so the gathered order is theirs
                     replace(samples, data=torch.cat(images)),
                     self.run_dir / "samples" / f"eval_{iteration:06d}.png",
-                    columns=e.samples_per_prompt,
+                    group_size=per_prompt,
+                    prompts=self.eval_prompts,
+                    details={k: v.tolist() for k, v in details.items()},
+                    rewards=total.tolist(),
+                    title=f"held-out prompts at iteration {iteration}, {per_prompt} fixed seeds each",
                 )
         return record["reward"]
 
@@ -616,7 +620,7 @@ class Trainer:
             samples / f"eval_{first['iteration']:06d}.png",
             samples / f"eval_{last['iteration']:06d}.png",
             samples / "before_after.png",
-            rows=len(self.eval_prompts),
+            labels=(f"iteration {first['iteration']}", f"iteration {last['iteration']}"),
         )
         if grid is not None:
             progress.message(f"before/after samples (same prompts, same seeds): {grid}")

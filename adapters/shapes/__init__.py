@@ -33,8 +33,10 @@ class Config(PluginConfig):
         32, ge=4, multiple_of=4, description="Image side in pixels (the shapes world's default size)."
     )
     shift: float = Field(
-        3.0, gt=0, description="Timestep shift of sampling and training; the shipped model was pretrained "
-        "with 3.0 (keep them equal)."
+        3.0,
+        gt=0,
+        description="Timestep shift of sampling and training; the shipped model was pretrained "
+        "with 3.0 (keep them equal).",
     )
 
 
@@ -72,16 +74,26 @@ def register_commands(app):  # noqa: ANN001 - the root typer.Typer
         eval_seeds: int = typer.Option(
             2, "--eval-seeds", min=0, help="Samples per prompt of the final evaluation (0 = skip it)."
         ),
+        from_stage1: Path | None = typer.Option(
+            None, "--from-stage1", help="A stage-1 model folder: skip stage 1 and run only stage 2 from it."
+        ),
     ) -> None:
         """Pretrain the shapes-world model from scratch (flow matching) and report its accuracy.
 
-        With the defaults this reproduces the model shipped in vgrpo_adapters/shapes/weights.
+        Two stages: a cosine cycle from random weights, then a warm restart from its saved model.
+        With the defaults this reproduces the model shipped in vgrpo_adapters/shapes/weights;
+        --steps and --minutes apply to each stage.
         """
         import dataclasses
 
-        from .pretrain import PretrainConfig, pretrain
+        from .pretrain import SHIPPED_STAGES, pretrain_stages
 
-        config = PretrainConfig(seed=seed, max_minutes=minutes)
-        if steps is not None:
-            config = dataclasses.replace(config, steps=steps)
-        pretrain(out, config, eval_seeds=tuple(range(eval_seeds)), log=typer.echo)
+        stages = []
+        for k, stage in enumerate(SHIPPED_STAGES):
+            stage = dataclasses.replace(stage, seed=seed + k, max_minutes=minutes)
+            stages.append(dataclasses.replace(stage, steps=steps) if steps is not None else stage)
+        if from_stage1 is not None and not (from_stage1 / "transformer").is_dir():
+            raise typer.BadParameter(
+                f"{from_stage1} holds no model (no transformer/ folder)", param_hint="--from-stage1"
+            )
+        pretrain_stages(out, stages, eval_seeds=tuple(range(eval_seeds)), log=typer.echo, init=from_stage1)

@@ -91,6 +91,14 @@ class PretrainConfig:
     max_minutes: float | None = None  # wall-clock cap; None = run all steps
 
 
+STAGE_1 = PretrainConfig()
+"""From random weights: one cosine cycle (what shipped until the model got a second stage)."""
+STAGE_2 = PretrainConfig(steps=8000, lr=1e-3, warmup_steps=200, seed=1)
+"""A warm restart from stage 1's saved model: fresh AdamW, a lower peak rate, a second cosine."""
+SHIPPED_STAGES: tuple[PretrainConfig, ...] = (STAGE_1, STAGE_2)
+"""The stages ``vgrpo pretrain-shapes`` runs by default: the recipe of the shipped weights."""
+
+
 # ------------------------------------------------------------------------------------------- data
 def render_batch(prompts: Sequence[str], rng: np.random.Generator, size: int) -> torch.Tensor:
     """Rendered scenes in model space: ``[B, 3, size, size]`` in ``[-1, 1]``."""
@@ -101,7 +109,10 @@ def render_batch(prompts: Sequence[str], rng: np.random.Generator, size: int) ->
 def encode_with_grad(adapter: ToyAdapter, prompts: Sequence[str]) -> dict[str, torch.Tensor]:
     """``adapter.encode_prompts`` without its ``no_grad``: the text encoder trains in pretraining."""
     tokens = adapter.tokenizer(
-        list(prompts), padding="max_length", max_length=adapter.max_prompt_tokens, truncation=True,
+        list(prompts),
+        padding="max_length",
+        max_length=adapter.max_prompt_tokens,
+        truncation=True,
         return_tensors="pt",
     )
     out = adapter.text_encoder(input_ids=tokens.input_ids.to(adapter.device))
@@ -174,23 +185,29 @@ def pretrain(
     log: Callable[[str], None] = print,
     eval_every: int = 0,
     snapshot_dir: str | Path | None = None,
+    init: str | Path | None = None,
 ) -> dict:
     """Train from scratch, write the model folder ``out`` (``save_pretrained``) and its report.
 
     Returns the report: the settings, steps done, seconds, final loss and ``evaluate_splits``
     (empty ``eval_seeds`` skips the evaluation). Experiments: ``eval_every`` logs a quick held-out
     evaluation every that many steps and, with ``snapshot_dir``, saves the model there as
-    ``step_<n>`` (the learning rate is constant after warmup, so it equals a ``steps=n`` run).
+    ``step_<n>`` (mid-cosine, so a snapshot is not a shorter run). ``init`` starts from a saved model
+    folder (a warm restart: the weights only, with a fresh optimiser, schedule and EMA) instead of
+    random weights.
     """
     out = Path(out)
     torch.manual_seed(config.seed)
     rng = np.random.default_rng(config.seed)
     gen = torch.Generator().manual_seed(config.seed)
     prompts = train_prompts()
-    with tempfile.TemporaryDirectory(prefix="vgrpo_shapes_init_") as tmp:
-        adapter = ToyAdapter.load(
-            build_initial(Path(tmp) / "init", size, config.seed), shift=config.train_shift
-        )
+    if init is not None:
+        adapter = ToyAdapter.load(Path(init), shift=config.train_shift)
+    else:
+        with tempfile.TemporaryDirectory(prefix="vgrpo_shapes_init_") as tmp:
+            adapter = ToyAdapter.load(
+                build_initial(Path(tmp) / "init", size, config.seed), shift=config.train_shift
+            )
     adapter.denoiser.train()
     adapter.text_encoder.requires_grad_(True).train()
     params = [*adapter.denoiser.parameters(), *adapter.text_encoder.parameters()]
@@ -228,8 +245,12 @@ def pretrain(
     with averaged(adapter, ema):
         save_model(adapter, out)
     report: dict = {
-        "steps": step, "seconds": seconds, "loss_ema": loss_ema, "threads": torch.get_num_threads(),
-        "config": asdict(config), "size": asdict(size),
+        "steps": step,
+        "seconds": seconds,
+        "loss_ema": loss_ema,
+        "threads": torch.get_num_threads(),
+        "config": asdict(config),
+        "size": asdict(size),
     }
     if eval_seeds:
         loaded = ToyAdapter.load(out, shift=config.shift)  # evaluate what was written, as users load it
@@ -239,6 +260,45 @@ def pretrain(
             log(f"{split:8s} " + "  ".join(f"{k} {v:.3f}" for k, v in scores.items()))
     (out / REPORT_FILE).write_text(json.dumps(report, indent=2, sort_keys=True))
     return report
+
+
+def pretrain_stages(
+    out: str | Path,
+    stages: Sequence[PretrainConfig] = SHIPPED_STAGES,
+    size: ModelSize = ModelSize(),
+    eval_seeds: Sequence[int] = (0, 1),
+    log: Callable[[str], None] = print,
+    init: str | Path | None = None,
+) -> dict:
+    """Run ``stages`` in turn, each from the model the one before saved; ``out`` gets the last one.
+
+    ``init`` is a model folder that stands for the first stage's output (e.g. the stage-1 model of an
+    earlier run): then only the later stages run. Each earlier stage's model is kept beside ``out`` as
+    ``<out>_stage<k>`` (an hour of CPU: a failed later stage restarts from it with ``init``). The
+    report of the last stage lists every stage's settings.
+    """
+    out = Path(out)
+    stages = list(stages)
+    first = 1 if init is not None else 0
+    reports: list[dict] = []
+    previous = Path(init) if init is not None else None
+    for k in range(first, len(stages)):
+        last = k == len(stages) - 1
+        target = out if last else out.with_name(f"{out.name}_stage{k + 1}")
+        origin = f"from {previous}" if previous is not None else "from random weights"
+        log(f"stage {k + 1}/{len(stages)}: {stages[k].steps} steps at lr {stages[k].lr:g}, {origin}")
+        report = pretrain(
+            target, stages[k], size, eval_seeds=eval_seeds if last else (), log=log, init=previous
+        )
+        reports.append(report)
+        previous = target
+    final = reports[-1]
+    final["stages"] = [asdict(c) for c in stages]
+    final["stages_run"] = [r["steps"] for r in reports]
+    final["seconds_all_stages_run"] = sum(r["seconds"] for r in reports)
+    final["started_from"] = "random weights" if init is None else f"stage-1 model {init}"
+    (out / REPORT_FILE).write_text(json.dumps(final, indent=2, sort_keys=True))
+    return final
 
 
 def ema_with_warmup(decay: float) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
