@@ -1,6 +1,6 @@
 """Group-relative advantages (GRPO) as pure tensor functions.
 
-method.md section 4. Groups are the ``G`` samples of one prompt, named by ``group_ids [B]`` (any
+docs/method.md section 4. Groups are the ``G`` samples of one prompt, named by ``group_ids [B]`` (any
 integer labels, not necessarily contiguous or sorted). Standard deviations are population ones
 (divide by ``n``): a group of two rewards ``{a, b}`` gives advantages ``+-1 * |a - b| / (|a - b| + 2 eps)``.
 

@@ -1,6 +1,6 @@
 """The reverse-time SDE step of Flow-GRPO for rectified flow, and its Gaussian step log-probability.
 
-Pure tensor math (method.md section 6, ``flow_grpo``'s ``sde_step_with_logprob``). For
+Pure tensor math (docs/method.md section 6, ``flow_grpo``'s ``sde_step_with_logprob``). For
 ``z_t = (1 - t) x0 + t eps`` and a velocity ``v ~ eps - x0``, the score is
 ``-(z + (1 - t) v) / t``; the SDE with diffusion ``s(t)`` that keeps the ODE's marginals is
 ``dz = [v + s^2 / (2 t) (z + (1 - t) v)] dt + s dW``, integrated backwards (``dt = t_next - t < 0``):

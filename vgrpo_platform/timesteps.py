@@ -1,6 +1,6 @@
 """Monte-Carlo ``(t, eps)`` pairs for the ELBO surrogate, and who shares them.
 
-Two of V-GRPO's three variance-reduction techniques live here (method.md section 3):
+Two of V-GRPO's three variance-reduction techniques live here (docs/method.md section 3):
 stratified timesteps (one draw in each of ``K`` equal strata of ``u``) and pairs shared by every
 sample of a prompt group, so that the within-group comparison of surrogates that drives the
 advantage-weighted update is not swamped by Monte-Carlo noise.

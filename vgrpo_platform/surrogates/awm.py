@@ -2,7 +2,7 @@
 
 ``log pi ~ -l`` with ``l`` the plain (not self-normalised) flow-matching error on pairs ``(t, eps)``:
 timesteps stratified and shared as V-GRPO's (``pair_scope``), noise drawn independently per sample.
-It is V-GRPO minus the shared noise and the adaptive weighting (method.md section 6). Fully
+It is V-GRPO minus the shared noise and the adaptive weighting (docs/method.md section 6). Fully
 on-policy its gradient is that of ``mean_i A_i mean_j l_ij``: advantage-weighted flow matching.
 
 Velocity space (default): ``l = mean_d (v - (eps - x0))^2``, computed as ``|x_hat - x0|^2 / t^2``

@@ -1,6 +1,6 @@
 """The ELBO surrogate of ``log pi_theta(o | c)`` and the PPO-style objective on it (pure functions).
 
-method.md sections 2 and 4. ``latent_ndim`` always says how many trailing dimensions form one
+docs/method.md sections 2 and 4. ``latent_ndim`` always says how many trailing dimensions form one
 sample's latent (``len(L)``), so the same functions serve ``[B, *L]`` and ``[B, K, *L]`` tensors.
 Everything here works in x-space (the paper's best variant); an epsilon- or velocity-space loss
 would only change what the caller passes as ``x_hat`` and ``x0``.

@@ -3,7 +3,7 @@
 ``vgrpo`` is the method; ``elbo_naive`` is the same estimator with the three variance-reduction
 techniques off (independent pairs per sample, i.i.d. timesteps, plain MSE), the paper's baseline
 that oscillates or diverges. ``flow_grpo`` (with MixGRPO's window as an option), ``diffusion_nft``
-and ``awm`` are the baselines of method.md section 6, behind the same interfaces.
+and ``awm`` are the baselines of docs/method.md section 6, behind the same interfaces.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from vgrpo_platform.registry import PluginConfig
 
 
 class VGRPOConfig(PluginConfig):
-    """Options of the V-GRPO ELBO surrogate (method.md sections 2-4)."""
+    """Options of the V-GRPO ELBO surrogate (docs/method.md sections 2-4)."""
 
     n_mc: int = Field(
         4, ge=1, description="Monte-Carlo (t, eps) pairs per sample; each costs one forward pass (paper: 4)."
@@ -99,7 +99,7 @@ def register_surrogates(register):  # noqa: ANN001 - the host's Register callabl
 
 
 class FlowGRPOConfig(PluginConfig):
-    """Flow-GRPO (MDP; method.md section 6): SDE rollouts with per-step Gaussian log-probs, per-step PPO.
+    """Flow-GRPO (MDP; docs/method.md section 6): SDE rollouts with per-step Gaussian log-probs, per-step PPO.
 
     With ``window_size`` set it is MixGRPO: SDE (and training) only inside a sliding window of steps,
     deterministic Euler steps elsewhere. Rollouts always use the Euler grid of ``rollout.steps`` on
@@ -127,7 +127,8 @@ class FlowGRPOConfig(PluginConfig):
 
 
 class DiffusionNFTConfig(PluginConfig):
-    """DiffusionNFT (method.md section 6): implicit positive / negative policies around an EMA old policy."""
+    """DiffusionNFT (docs/method.md section 6): implicit positive / negative policies around an EMA
+    old policy."""
 
     beta: float = Field(
         1.0, gt=0, description="b in v+ = (1 - b) v_old + b v_theta, v- = (1 + b) v_old - b v_theta [guess]."

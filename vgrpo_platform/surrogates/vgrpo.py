@@ -2,7 +2,7 @@
 
 ``prepare`` (rollout time, no gradient) draws the Monte-Carlo pairs and stores the old policy's
 surrogate; ``loss`` recomputes it on the very same pairs with gradients and builds the PPO-clip
-objective (method.md section 4). The rollout sampler never matters: only the final clean latents
+objective (docs/method.md section 4). The rollout sampler never matters: only the final clean latents
 are scored.
 
 ``batch.extras`` keys written by ``prepare`` (batch-first, so micro-batching slices them):
