@@ -100,7 +100,7 @@ def _reference_clip(folder: Path) -> dict[str, Any]:
 
 
 def _ocr_inputs() -> dict[str, Any]:
-    """Rendered text that reads right and a blank sign, against the prompt's quoted target (tesseract
+    """Rendered text that reads right and a blank sign, against the prompt's quoted target (either engine
     takes ~0.5 s an image and the kit reads each one 7 times: keep the batch at two)."""
     from tiny_clip import render_text
 
@@ -182,6 +182,19 @@ def test_builtin_passes_the_conformance_kit(kind, name, tmp_path):
     report = check_component(kind, name, options, context, registry=REGISTRY, **kwargs)
     expected = ADAPTER_CHECKS if kind == "adapter" else REWARD_CHECKS
     assert sorted(report.passed) == sorted(expected), report.skipped
+
+
+def test_ocr_tesseract_engine_passes_the_conformance_kit(tmp_path):
+    """The ``ocr`` reward's optional engine (the default, rapidocr, runs in the test above)."""
+    import shutil
+
+    if shutil.which("tesseract") is None:
+        pytest.skip("the tesseract binary is not installed (apt-get install tesseract-ocr)")
+    context = BuildContext(device="cpu", seed=0, run_dir=None, recipe_dir=tmp_path)
+    report = check_component(
+        "reward", "ocr", {"engine": "tesseract"}, context, registry=REGISTRY, **_ocr_inputs()
+    )
+    assert sorted(report.passed) == sorted(REWARD_CHECKS), report.skipped
 
 
 # ------------------------------------------------------------------- a tiny adapter, one defect at a time

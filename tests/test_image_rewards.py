@@ -77,7 +77,8 @@ def test_entry_modules_import_no_torch() -> None:
     code = (
         "import sys\nimport vgrpo_rewards."
         + ", vgrpo_rewards.".join(m.__name__.split(".")[-1] for m in ENTRY_MODULES)
-        + "\nheavy = {'torch', 'transformers', 'open_clip', 'pytesseract'} & set(sys.modules)\n"
+        + "\nheavy = {'torch', 'transformers', 'open_clip', 'pytesseract', 'rapidocr_onnxruntime',"
+        " 'onnxruntime', 'cv2'} & set(sys.modules)\n"
         "assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -390,13 +391,20 @@ def test_levenshtein_and_flow_grpo_rule() -> None:
     assert text_reward("zzzzzzzzzzzzzzzzzz", "open") == 0.0  # capped at len(target)
 
 
-def test_ocr_reads_rendered_text(registry) -> None:
-    pytest.importorskip("pytesseract", reason="pytesseract is not installed")
-    import shutil
+def ocr_engine(registry, engine: str):
+    """The ``ocr`` reward on ``engine``; Tesseract (an optional system binary) skips when it is absent."""
+    if engine == "tesseract":
+        pytest.importorskip("pytesseract", reason="pytesseract is not installed")
+        import shutil
 
-    if shutil.which("tesseract") is None:
-        pytest.skip("the tesseract binary is not installed (apt-get install tesseract-ocr)")
-    reward = build(registry, "ocr")
+        if shutil.which("tesseract") is None:
+            pytest.skip("the tesseract binary is not installed (apt-get install tesseract-ocr)")
+    return build(registry, "ocr", engine=engine)
+
+
+@pytest.mark.parametrize("engine", ["rapidocr", "tesseract"])
+def test_ocr_reads_rendered_text(registry, engine) -> None:
+    reward = ocr_engine(registry, engine)
     arrays = np.stack(
         [
             render_text("open late"),
@@ -409,11 +417,39 @@ def test_ocr_reads_rendered_text(registry) -> None:
     got = score(reward, arrays, prompts)
     assert got[0] == 1.0 and got[3] == 0.0
     assert got[0] > got[1] > got[2] >= 0.0, got
+    # the right prompt scores above a wrong one on the same image
+    wrong = score(reward, arrays[:1], ['a neon sign that says "closed"'])
+    assert wrong[0] < got[0], (wrong, got)
     # the target may come from metadata instead of quotes
     meta = reward.score(as_samples(arrays[:1]), ["a sign"], [{"text": "open late"}])
     assert meta.tolist() == [1.0]
     with pytest.raises(RewardError, match="no text to check"):
         reward.score(as_samples(arrays[:1]), ["a sign"], [{}])
+
+
+def test_ocr_rapidocr_reads_exactly(registry) -> None:
+    """The default engine reads rendered words exactly (case, digits), one score per image."""
+    from vgrpo_rewards.ocr.impl import RapidOcrEngine
+
+    engine = RapidOcrEngine(workers=1)
+    for text in ("open late", "closed", "Hello 42"):
+        assert engine(Image.fromarray(render_text(text))).replace(" ", "") == text.replace(" ", "")
+    assert engine(Image.new("RGB", (256, 96), "white")) == ""
+    reward = build(registry, "ocr")  # the default engine, several workers
+    words = ["open late", "closed", "Hello 42", "vgrpo"]
+    got = score(reward, np.stack([render_text(w) for w in words]), [f'a sign that says "{w}"' for w in words])
+    assert got.tolist() == [1.0] * 4
+
+
+def test_ocr_absent_engine_says_how_to_fix(registry, monkeypatch) -> None:
+    import pytesseract
+
+    monkeypatch.setattr(pytesseract.pytesseract, "tesseract_cmd", "no-such-tesseract-binary")
+    with pytest.raises(RewardError, match=r'apt-get install tesseract-ocr\) or use engine = "rapidocr"'):
+        build(registry, "ocr", engine="tesseract")
+    monkeypatch.setitem(sys.modules, "rapidocr_onnxruntime", None)  # import fails as if not installed
+    with pytest.raises(RewardError, match='rapidocr-onnxruntime is not installed.*engine = "tesseract"'):
+        build(registry, "ocr")
 
 
 def test_batch_size_does_not_change_scores(registry, clip_dir) -> None:

@@ -250,7 +250,7 @@ def save_clap(folder: Path) -> Path:
 
 
 def render_text(text: str) -> np.ndarray:
-    """``[96, 256, 3]`` uint8: ``text`` in black on white, large enough for tesseract to read."""
+    """``[96, 256, 3]`` uint8: ``text`` in black on white, large enough for the OCR engines to read."""
     from PIL import Image, ImageDraw, ImageFont
 
     image = Image.new("RGB", (256, 96), "white")
