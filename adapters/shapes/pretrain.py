@@ -93,8 +93,10 @@ class PretrainConfig:
 
 STAGE_1 = PretrainConfig()
 """From random weights: one cosine cycle (what shipped until the model got a second stage)."""
-STAGE_2 = PretrainConfig(steps=8000, lr=1e-3, warmup_steps=200, seed=1)
-"""A warm restart from stage 1's saved model: fresh AdamW, a lower peak rate, a second cosine."""
+STAGE_2 = PretrainConfig(steps=8000, lr=4e-4, warmup_steps=200, seed=1)
+"""A warm restart from stage 1's saved model: fresh AdamW, a lower peak rate, a second cosine. Measured
+(189 held-out prompts x 2 seeds): peak 4e-4 gives 41.3% correct, shape 0.79; peak 1e-3 gave 68.5%, too
+close to solving the held-out compositions to leave RL room."""
 SHIPPED_STAGES: tuple[PretrainConfig, ...] = (STAGE_1, STAGE_2)
 """The stages ``vgrpo pretrain-shapes`` runs by default: the recipe of the shipped weights."""
 
