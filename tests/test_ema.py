@@ -88,7 +88,7 @@ def test_a_run_trains_the_raw_weights_and_evaluates_the_average(tmp_path):
     with torch.no_grad():
         for name, p in fresh.session.trainable.items():
             p.copy_(last.averaged[name])
-    assert fresh.evaluate(4, wall=0.0) == pytest.approx(evals_ema[-1]["reward"], abs=1e-6)
+    assert fresh.evaluate(4, wall=0.0)["reward"] == pytest.approx(evals_ema[-1]["reward"], abs=1e-6)
 
 
 def test_resume_restores_the_average(tmp_path, monkeypatch):

@@ -15,7 +15,14 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from vgrpo_platform import cli
-from vgrpo_platform.report import ReportError, eval_table, read_run_metrics, reward_keys, write_report
+from vgrpo_platform.report import (
+    ReportError,
+    eval_table,
+    monitor_keys,
+    read_run_metrics,
+    reward_keys,
+    write_report,
+)
 
 EVAL_ITERS = (0, 2, 4)
 RECIPE_TOML = '[run]\nname = "<script>alert(1)</script>"\n\n[[rewards]]\nname = "shapes"\n'
@@ -256,3 +263,40 @@ def test_cli_report_errors_exit_2_with_one_line(tmp_path):
     assert_user_error(invoke("report", empty_dir), "is empty")
     (empty_dir / "metrics.jsonl").write_text('garbage\n{"kind": "eval", "iteration": 0}\n')
     assert_user_error(invoke("report", empty_dir), "metrics.jsonl:1: not valid JSON")
+
+
+# ------------------------------------------------------------------------------- hacking monitors
+def test_the_report_plots_the_reward_against_each_monitor_and_marks_the_stop(tmp_path):
+    lines = []
+    for r in records():
+        if r["kind"] == "eval":  # the reward rises while diversity and a held-out judge fall
+            r = {**r, "monitor/diversity": 0.5 - 0.0625 * r["iteration"], "reward/judge": 0.25}
+        lines.append(json.dumps(r))
+    reason = "reward-hacking monitor: monitor/diversity fell from 0.5000 (iteration 0) to 0.2500"
+    lines.append(json.dumps({"kind": "stopped", "iteration": 4, "reason": reason}))
+    run = make_run(tmp_path, lines)
+    recipe = {
+        "run": {"name": "myrun"},
+        "eval": {"monitor": {"stop_when_falls": ["detail/shapes/correct"], "rising": "reward"}},
+    }
+    (run / "resolved_recipe.json").write_text(json.dumps(recipe))
+
+    metrics = read_run_metrics(run / "metrics.jsonl")
+    assert [r["iteration"] for r in metrics.stopped] == [4]
+    # watched first, then monitor/*, then what only the evaluations score; train-only keys are not monitors
+    assert monitor_keys(metrics, ["detail/shapes/correct"]) == [
+        "detail/shapes/correct",
+        "monitor/diversity",
+        "reward/judge",
+    ]
+    assert monitor_keys(metrics) == ["monitor/diversity", "reward/judge"]
+    text = write_report(run).read_text()
+    with Image.open(run / "report" / "monitors.png") as im:
+        assert im.width >= 1000 and im.height >= 500  # two columns of panels, two rows
+    assert '<img src="monitors.png"' in text and "Stopped at iteration 4: reward-hacking monitor" in text
+    assert "<td>monitor/diversity</td><td>0.5</td><td>0.25</td><td>-0.25</td>" in text  # first vs last
+
+
+def test_a_run_without_monitors_has_no_monitor_section(report):
+    run, _, text = report
+    assert "monitors.png" not in text and not (run / "report" / "monitors.png").exists()

@@ -156,8 +156,27 @@ def summary_lines(resolved: ResolvedRecipe) -> list[str]:
         f"train      {r.train.iterations} iterations, lr {r.train.lr:g}, {r.train.finetune}, "
         f"micro-batch {r.train.micro_batch_size}",
         f"prompts    {len(resolved.train_prompts)} train, {len(resolved.eval_prompts)} eval",
+        *_eval_lines(resolved),
         f"run dir    {Path(r.run.output_dir) / r.run.name}",
     ]
+
+
+def _eval_lines(resolved: ResolvedRecipe) -> list[str]:
+    """The optional extras: evaluation-only rewards, the reward-hacking monitor, trackers."""
+    r = resolved.recipe
+    lines = []
+    if resolved.eval_rewards:
+        keys = ", ".join(f"{w.key} x{w.weight:g}" for w in resolved.eval_rewards)
+        lines.append(f"eval only  {keys} (scored at evaluations, not trained on)")
+    m = r.eval.monitor
+    if m.stop_when_falls:
+        lines.append(
+            f"monitor    stop when {m.rising} rises while {' or '.join(m.stop_when_falls)} falls by more "
+            f"than {m.margin:g} from its best, {m.patience} evaluations in a row"
+        )
+    if r.log.trackers:
+        lines.append(f"trackers   {', '.join(r.log.trackers)} (project {r.log.project!r})")
+    return lines
 
 
 def _type_str(ann: Any) -> str:
@@ -257,6 +276,40 @@ def sample(
             num_per_prompt=num,
             seed=resolved.recipe.eval.seed if seed is None else seed,
         )
+
+
+@app.command("eval")
+def eval_command(
+    recipe: Path = RecipeArg,
+    checkpoint: Path | None = typer.Option(
+        None,
+        "--checkpoint",
+        help="A run directory (its newest checkpoint) or a checkpoints/iter_* folder; default: base model.",
+    ),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        help="Folder for eval.json and grid.png; default: RUN/eval/iter_NNNNNN, or RUN/eval/base.",
+        show_default=False,
+    ),
+    overrides: list[str] | None = SetOpt,
+    debug: bool = DebugOpt,
+) -> None:
+    """Evaluate the base model or a trained run under the recipe's [eval] protocol.
+
+    The held-out prompts, seed, sampler, steps and samples per prompt are the recipe's, as in
+    training's evaluations; every reward, criterion and [[eval.rewards]] is printed with its mean
+    and standard error, and written to eval.json with the protocol and per-prompt means.
+    """
+    from rich.console import Console
+
+    with user_errors(debug):
+        resolved = _resolve(recipe, overrides)
+        eval_run = importlib.import_module("vgrpo_platform.eval_run")  # heavy: torch, models
+        output = eval_run.evaluate_recipe(resolved, checkpoint=checkpoint, out_dir=out)
+    if output.main_process:
+        Console(soft_wrap=False).print(eval_run.results_table(output))
+        typer.echo(str(output.out_dir / eval_run.RESULTS))
 
 
 @app.command()

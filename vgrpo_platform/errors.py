@@ -30,3 +30,7 @@ class CheckpointError(VgrpoError):
 
 class RewardError(VgrpoError):
     """A reward returned NaN, the wrong shape, or raised while scoring."""
+
+
+class TrackerError(VgrpoError):
+    """An experiment tracker (``log.trackers``) is not installed or failed to start."""

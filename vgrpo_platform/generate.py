@@ -1,4 +1,5 @@
-"""``vgrpo sample``: generate files from the base model or a trained checkpoint."""
+"""``vgrpo sample``: generate files from the base model or a trained checkpoint (whose loading
+``vgrpo eval`` shares)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,14 @@ from pathlib import Path
 import torch
 
 from vgrpo_platform import media
-from vgrpo_platform.checkpoint import latest_valid_checkpoint, load_checkpoint
+from vgrpo_platform.checkpoint import Checkpoint, latest_valid_checkpoint, load_checkpoint
 from vgrpo_platform.errors import CheckpointError
 from vgrpo_platform.protocols import BuildContext, SamplerSpec, Samples
 from vgrpo_platform.rollout import generate
-from vgrpo_platform.session import build_session, resolve_device, run_dir_of
+from vgrpo_platform.session import Session, build_session, resolve_device
 
 
-def _resolve_checkpoint(checkpoint: str | Path | None, run_dir: Path):  # noqa: ANN202
+def _resolve_checkpoint(checkpoint: str | Path | None) -> Checkpoint | None:
     if checkpoint is None:
         return None
     path = Path(checkpoint)
@@ -30,6 +31,34 @@ def _resolve_checkpoint(checkpoint: str | Path | None, run_dir: Path):  # noqa: 
             f"checkpoint {path} does not exist; pass a run directory or a checkpoints/iter_* folder"
         )
     return load_checkpoint(path)
+
+
+@torch.no_grad()
+def trained_session(
+    resolved,  # noqa: ANN001 - recipe.ResolvedRecipe
+    context: BuildContext,
+    checkpoint: str | Path | None = None,
+) -> tuple[Session, Checkpoint | None]:
+    """The recipe's session with a run's weights loaded, to sample from (``vgrpo sample``, ``vgrpo eval``).
+
+    ``checkpoint`` is a run directory (its newest complete checkpoint) or a ``checkpoints/iter_*``
+    folder; None = the base model. The moving average is loaded where the run kept one: what it
+    evaluated and exported. The checkpoint is read first, so a wrong path fails before any model loads.
+    """
+    ckpt = _resolve_checkpoint(checkpoint)
+    session = build_session(resolved, context)
+    if ckpt is not None:
+        weights = ckpt.served_weights
+        missing = set(session.trainable) - set(weights)
+        if missing:
+            raise CheckpointError(
+                f"checkpoint {ckpt.path} does not fit this recipe's model ({len(missing)} weights missing); "
+                "use the recipe the run was trained with"
+            )
+        for name, p in session.trainable.items():
+            p.copy_(weights[name].to(p.device, p.dtype))
+    session.adapter.denoiser.eval()
+    return session, ckpt
 
 
 @torch.no_grad()
@@ -48,19 +77,7 @@ def sample_to_folder(
     out.mkdir(parents=True, exist_ok=True)
     device = resolve_device(recipe.run.device)
     context = BuildContext(device=device, seed=recipe.run.seed, run_dir=out, recipe_dir=resolved.recipe_dir)
-    session = build_session(resolved, context)
-    ckpt = _resolve_checkpoint(checkpoint, run_dir_of(recipe))
-    if ckpt is not None:
-        weights = ckpt.served_weights  # the moving average where the run kept one: what it evaluated
-        missing = set(session.trainable) - set(weights)
-        if missing:
-            raise CheckpointError(
-                f"checkpoint {ckpt.path} does not fit this recipe's model ({len(missing)} weights missing); "
-                "use the recipe the run was trained with"
-            )
-        for name, p in session.trainable.items():
-            p.copy_(weights[name].to(p.device, p.dtype))
-    session.adapter.denoiser.eval()
+    session, _ = trained_session(resolved, context, checkpoint)
     if not prompts:
         prompts = (resolved.eval_prompts or resolved.train_prompts)[: recipe.eval.max_prompts]
     sampler = SamplerSpec(

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ValidationError
 
 from vgrpo_platform.errors import PluginError, RecipeError
+from vgrpo_platform.monitor import DIVERSITY, EVAL_ONLY_TOTAL
 from vgrpo_platform.recipe_schema import PromptsSection, Recipe
 from vgrpo_platform.registry import ComponentSpec, PluginConfig
 
@@ -216,8 +217,8 @@ def _index(node: list[Any], part: str, where: str, text: str) -> int:
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
     """A copy of the raw recipe dict with each ``a.b.c=value`` applied, in order.
 
-    Missing intermediate tables are created; a number indexes an array of tables
-    (``rewards.0.weight``), and the index one past the end appends a new entry.
+    Missing intermediate tables are created (an array of tables when the next part is ``0``); a number
+    indexes an array of tables (``rewards.0.weight``), and the index one past the end appends a new entry.
     """
     data = copy.deepcopy(data)
     for text in overrides:
@@ -235,8 +236,8 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
             elif isinstance(node, dict):
                 if last:
                     node[part] = value
-                else:
-                    node = node.setdefault(part, {})
+                else:  # a missing array of tables starts at its index 0: --set eval.rewards.0.name=...
+                    node = node.setdefault(part, [] if path[depth + 1] == "0" else {})
             else:
                 raise RecipeError(
                     f"--set {text!r}: '{where}' is {_show(node)}, not a table; "
@@ -382,6 +383,7 @@ class ResolvedRecipe:
     rewards: list[ResolvedReward]
     train_prompts: list[str]
     eval_prompts: list[str]
+    eval_rewards: list[ResolvedReward] = field(default_factory=list)  # [[eval.rewards]]: scored, not trained
     recipe_dir: Path = field(default_factory=Path.cwd)
     path: Path | None = None  # the recipe file, when loaded from one
     source_text: str | None = None  # its text, verbatim
@@ -398,6 +400,61 @@ def _resolve(
         raise RecipeError(f"{prefix}{where}.name: {exc}") from None
     config = registry.validate_options(kind, name, options, where=f"{where}.options", source=source)
     return ResolvedComponent(spec, config)
+
+
+def _resolve_rewards(
+    registry: ComponentRegistry, refs: Sequence[Any], where: str, source: str | None, taken: set[str]
+) -> list[ResolvedReward]:
+    """Each reward's key in the logs: its name; ``name_<index>`` when the table uses a name twice; and
+    ``<that>_eval`` when an evaluation-only reward would take a training reward's key (``taken``)."""
+    counts: dict[str, int] = {}
+    for ref in refs:
+        counts[ref.name] = counts.get(ref.name, 0) + 1
+    out = []
+    for i, ref in enumerate(refs):
+        got = _resolve(registry, "reward", ref.name, ref.options, f"{where}.{i}", source)
+        key = ref.name if counts[ref.name] == 1 else f"{ref.name}_{i}"
+        if key in taken:
+            key = f"{key}_eval"
+        out.append(ResolvedReward(got.spec, got.config, weight=ref.weight, key=key))
+    return out
+
+
+def evaluation_keys(recipe: Recipe, reward_keys: Sequence[str], eval_reward_keys: Sequence[str]) -> list[str]:
+    """The keys every evaluation record has (besides ``detail/<reward>/<criterion>``, which rewards
+    report at run time): what ``[eval.monitor]`` may name."""
+    keys = ["reward", *(f"reward/{k}" for k in (*reward_keys, *eval_reward_keys))]
+    if eval_reward_keys:
+        keys.append(EVAL_ONLY_TOTAL)
+    if recipe.eval.samples_per_prompt >= 2:
+        keys.append(DIVERSITY)
+    return keys
+
+
+def _check_monitor(
+    recipe: Recipe, reward_keys: Sequence[str], eval_reward_keys: Sequence[str], prefix: str
+) -> None:
+    """``[eval.monitor]`` names metrics an evaluation will have (details are checked at the first one)."""
+    m = recipe.eval.monitor
+    known = evaluation_keys(recipe, reward_keys, eval_reward_keys)
+    details = tuple(f"detail/{k}/" for k in (*reward_keys, *eval_reward_keys))
+    for i, key in enumerate([*m.stop_when_falls, m.rising]):
+        where = f"eval.monitor.stop_when_falls.{i}" if i < len(m.stop_when_falls) else "eval.monitor.rising"
+        if key in known or (key.startswith(details) and key.count("/") == 2):
+            continue
+        hint = ""
+        if key == DIVERSITY:
+            hint = " (it needs eval.samples_per_prompt >= 2)"
+        elif key == EVAL_ONLY_TOTAL:
+            hint = " (it needs at least one [[eval.rewards]])"
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        rewards = ", ".join([*reward_keys, *eval_reward_keys])
+        fix = (
+            f"did you mean '{close[0]}'?"
+            if close
+            else (f"use one of {', '.join(known)}, or detail/<reward>/<criterion> for a reward in {rewards}")
+        )
+        raise RecipeError(f"{prefix}{where}: '{key}' is not a metric of the evaluations{hint}; {fix}")
 
 
 def validate_components(
@@ -419,23 +476,21 @@ def validate_components(
     surrogate = _resolve(
         registry, "surrogate", recipe.surrogate.name, recipe.surrogate.options, "surrogate", source
     )
-    counts: dict[str, int] = {}
-    for ref in recipe.rewards:
-        counts[ref.name] = counts.get(ref.name, 0) + 1
-    rewards = []
-    for i, ref in enumerate(recipe.rewards):
-        got = _resolve(registry, "reward", ref.name, ref.options, f"rewards.{i}", source)
-        key = ref.name if counts[ref.name] == 1 else f"{ref.name}_{i}"
-        rewards.append(ResolvedReward(got.spec, got.config, weight=ref.weight, key=key))
+    rewards = _resolve_rewards(registry, recipe.rewards, "rewards", source, taken=set())
+    eval_rewards = _resolve_rewards(
+        registry, recipe.eval.rewards, "eval.rewards", source, taken={r.key for r in rewards}
+    )
 
     modality = getattr(adapter.config, "modality", None)
-    for i, reward in enumerate(rewards):
-        accepts = getattr(reward.config, "modalities", None)
-        if isinstance(modality, str) and accepts and modality not in accepts:
-            raise RecipeError(
-                f"{prefix}rewards.{i}: reward '{reward.spec.name}' scores {'/'.join(sorted(accepts))} "
-                f"but adapter '{adapter.spec.name}' makes {modality}; pick a reward for {modality}"
-            )
+    for where, group in (("rewards", rewards), ("eval.rewards", eval_rewards)):
+        for i, reward in enumerate(group):
+            accepts = getattr(reward.config, "modalities", None)
+            if isinstance(modality, str) and accepts and modality not in accepts:
+                raise RecipeError(
+                    f"{prefix}{where}.{i}: reward '{reward.spec.name}' scores {'/'.join(sorted(accepts))} "
+                    f"but adapter '{adapter.spec.name}' makes {modality}; pick a reward for {modality}"
+                )
+    _check_monitor(recipe, [r.key for r in rewards], [r.key for r in eval_rewards], prefix)
 
     try:
         train, evals = load_prompts(recipe.prompts, recipe_dir)
@@ -452,6 +507,7 @@ def validate_components(
         rewards=rewards,
         train_prompts=train,
         eval_prompts=evals,
+        eval_rewards=eval_rewards,
         recipe_dir=recipe_dir,
     )
 

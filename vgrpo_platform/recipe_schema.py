@@ -86,6 +86,17 @@ class TrainSection(Section):
     offload_rewards: bool = False  # reward models in host memory except while scoring: frees their GPU memory
 
 
+class MonitorSection(Section):
+    """The reward-hacking stop rule (``vgrpo_platform.monitor``): the run stops with a checkpoint when
+    ``rising`` is above its value at a watched metric's best evaluation while that metric is more than
+    ``margin`` below its best, at ``patience`` evaluations in a row."""
+
+    stop_when_falls: list[str] = Field(default_factory=list)  # eval-record keys; empty = the rule is off
+    margin: float = Field(0.02, ge=0)  # in the watched metric's own units
+    patience: int = Field(2, ge=1)  # consecutive evaluations
+    rising: str = "reward"  # the evaluation's key that stands for the training reward
+
+
 class EvalSection(Section):
     every: int = Field(10, ge=0)  # iterations between evaluations; 0 = only before and after
     samples_per_prompt: int = Field(2, ge=1)
@@ -93,10 +104,16 @@ class EvalSection(Section):
     seed: int = 1234
     sampler: Literal["euler", "dpmsolver++", "unipc"] | None = None  # None = the rollout's
     steps: int | None = None
+    # scored at every evaluation (and by `vgrpo eval`) as their own keys, never trained on
+    rewards: list[RewardRef] = Field(default_factory=list)
+    monitor: MonitorSection = Field(default_factory=MonitorSection)
 
 
 class LogSection(Section):
     progress: Literal["auto", "rich", "plain", "none"] = "auto"
+    # experiment trackers through accelerate's tracking API (vgrpo_platform.tracking); [] = none
+    trackers: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(default_factory=list)
+    project: str = "vgrpo"  # the tracker's project (W&B project, MLflow experiment, TensorBoard folder)
     checkpoint_every: int = Field(10, ge=0)  # iterations; 0 = only at the end
     keep_last: int = Field(3, ge=1)
     save_grids: bool = True

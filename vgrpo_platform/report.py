@@ -3,8 +3,9 @@
 Why a static folder (``RUN_DIR/report/``): it opens from disk, can be copied or attached as is, and
 needs no server. It holds ``rewards.png`` (train and held-out reward curves per reward and per
 criterion, against iteration and against wall-clock seconds), ``training.png`` (loss, KL, ratio,
-grad norm, time split per iteration), copies of the sample grids, and ``index.html`` tying them
-together with a first-vs-last evaluation table and the run's recipe.
+grad norm, time split per iteration), ``monitors.png`` (the training reward against each
+reward-hacking monitor, where the run has one), copies of the sample grids, and ``index.html``
+tying them together with a first-vs-last evaluation table and the run's recipe.
 
 Reads only files (``metrics.jsonl``, ``samples/eval_*.png``, ``recipe.toml``,
 ``resolved_recipe.json``); imports no torch, and matplotlib (Agg, no pyplot state) only when drawing.
@@ -47,6 +48,7 @@ class RunMetrics:
 
     train: list[dict[str, Any]] = field(default_factory=list)
     eval: list[dict[str, Any]] = field(default_factory=list)
+    stopped: list[dict[str, Any]] = field(default_factory=list)  # [eval.monitor] stops (kind "stopped")
     torn_last_line: bool = False  # a killed run's partial last line was skipped
 
 
@@ -76,6 +78,8 @@ def read_run_metrics(path: Path) -> RunMetrics:
             out.train.append(record)
         elif kind == "eval":
             out.eval.append(record)
+        elif kind == "stopped":
+            out.stopped.append(record)
     if not out.train and not out.eval:
         raise ReportError(f"{path} holds no train or eval records; report again after an iteration")
     out.train.sort(key=lambda r: r["iteration"])
@@ -101,6 +105,29 @@ def reward_keys(records: list[dict[str, Any]]) -> list[str]:
         return 0 if k == "reward" else 1 if k.startswith("reward/") else 2
 
     return sorted(seen, key=rank)  # stable: first-seen order within each group
+
+
+def monitor_keys(metrics: RunMetrics, watched: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """What can reveal reward hacking: the keys ``[eval.monitor]`` watches, ``monitor/*`` (diversity,
+    the evaluation-only total) and every evaluated reward or criterion that training never saw."""
+    trained = {k for r in metrics.train for k in r}
+    seen: dict[str, None] = dict.fromkeys(k for k in watched if any(k in r for r in metrics.eval))
+    for r in metrics.eval:
+        for k, v in r.items():
+            if _number(v) is None:
+                continue
+            if k.startswith("monitor/") or (k.startswith(("reward/", "detail/")) and k not in trained):
+                seen.setdefault(k)
+    return list(seen)
+
+
+def watched_keys(run_dir: Path) -> tuple[list[str], str]:
+    """``[eval.monitor]``'s ``(stop_when_falls, rising)`` from ``resolved_recipe.json``; default ``[]``."""
+    try:
+        monitor = json.loads((run_dir / "resolved_recipe.json").read_text())["eval"]["monitor"]
+        return [str(k) for k in monitor["stop_when_falls"]], str(monitor["rising"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return [], "reward"
 
 
 def _series(records: list[dict[str, Any]], key: str, x: str) -> tuple[list[float], list[float]]:
@@ -253,6 +280,42 @@ def plot_training(metrics: RunMetrics, path: Path) -> Path:
     return path
 
 
+def plot_monitors(metrics: RunMetrics, path: Path, keys: list[str], rising: str = "reward") -> Path:
+    """One panel per monitor: the training reward (left axis: train thin, eval markers) and the monitor
+    at each evaluation (right axis), so a reward that rises while the monitor falls is seen at once.
+    A dashed line marks where ``[eval.monitor]`` stopped the run."""
+    Figure, Canvas = _matplotlib()
+    cols = 2 if len(keys) > 1 else 1
+    rows = -(-len(keys) // cols)
+    fig = Figure(figsize=(6.5 * cols, 3.2 * rows + 0.6), dpi=100, layout="constrained")
+    Canvas(fig)
+    axes = [ax for row in fig.subplots(rows, cols, squeeze=False) for ax in row]
+    for ax, key in zip(axes, keys, strict=False):
+        xs, ys = _series(metrics.train, "reward", "iteration")
+        if xs:
+            ax.plot(xs, ys, color="C0", lw=1.0, alpha=0.55, label="train reward")
+        xs, ys = _series(metrics.eval, rising, "iteration")
+        ax.plot(xs, ys, color="C0", lw=2.0, marker="o", ms=4, label=f"eval {rising}")
+        ax.set_xlabel("iteration")
+        ax.set_ylabel("training reward", color="C0")
+        twin = ax.twinx()
+        xs, ys = _series(metrics.eval, key, "iteration")
+        twin.plot(xs, ys, color="C3", lw=2.0, marker="s", ms=4, label=key)
+        twin.set_ylabel(key, color="C3")
+        for stop in metrics.stopped:
+            ax.axvline(stop["iteration"], color="k", ls="--", lw=1.0, label="stopped by the monitor")
+        ax.set_title(f"training reward vs {key}", fontsize=10)
+        ax.grid(alpha=0.3)
+        handles = [h for a in (ax, twin) for h in a.get_legend_handles_labels()[0]]
+        labels = [t for a in (ax, twin) for t in a.get_legend_handles_labels()[1]]
+        ax.legend(handles, labels, fontsize=8, loc="best")
+    for ax in axes[len(keys) :]:
+        ax.set_visible(False)
+    fig.suptitle("Reward-hacking monitors: the reward should not rise while a monitor falls")
+    fig.savefig(path)
+    return path
+
+
 # ------------------------------------------------------------------------------------------- HTML
 def _fmt(value: Any) -> str:
     v = _number(value)
@@ -268,7 +331,8 @@ def eval_table(evals: list[dict[str, Any]]) -> list[tuple[str, Any, Any]]:
     if not evals:
         return []
     first, last = evals[0], evals[-1]
-    return [(k, first.get(k), last.get(k)) for k in reward_keys(evals)]
+    monitors = [k for k in dict.fromkeys(k for r in evals for k in r) if k.startswith("monitor/")]
+    return [(k, first.get(k), last.get(k)) for k in [*reward_keys(evals), *monitors]]
 
 
 def _table_html(evals: list[dict[str, Any]]) -> str:
@@ -323,8 +387,23 @@ pre { background: #f6f6f6; padding: 1em; overflow-x: auto; }
 """
 
 
-def render_html(run_dir: Path, metrics: RunMetrics, grids: list[tuple[int, str]]) -> str:
-    """The page; ``grids`` are ``(iteration, path relative to the report folder)``."""
+def _monitors_html(metrics: RunMetrics, drawn: bool) -> str:
+    if not drawn:
+        return ""
+    stops = "".join(
+        f'<p class="note">Stopped at iteration {html.escape(str(r["iteration"]))}: '
+        f"{html.escape(str(r.get('reason', '')))}</p>"
+        for r in metrics.stopped
+    )
+    figure = _figure_html("monitors.png", "training reward (left axis) against each monitor (right axis)")
+    return f"<h2>Reward-hacking monitors</h2>\n{stops}{figure}\n"
+
+
+def render_html(
+    run_dir: Path, metrics: RunMetrics, grids: list[tuple[int, str]], monitors: bool = False
+) -> str:
+    """The page; ``grids`` are ``(iteration, path relative to the report folder)``; ``monitors``: whether
+    ``monitors.png`` was drawn."""
     name = html.escape(run_dir.resolve().name)
     last_train = metrics.train[-1] if metrics.train else {}
     facts = [
@@ -367,7 +446,7 @@ def render_html(run_dir: Path, metrics: RunMetrics, grids: list[tuple[int, str]]
 {_table_html(metrics.eval)}
 <h2>Rewards</h2>
 {_figure_html("rewards.png", "rewards per iteration (left) and per wall-clock second (right)")}
-<h2>Training</h2>
+{_monitors_html(metrics, monitors)}<h2>Training</h2>
 {_figure_html("training.png", "loss, KL, ratio, grad norm, zero-spread groups and time split per iteration")}
 <h2>Samples</h2>
 {samples}
@@ -388,6 +467,12 @@ def write_report(run_dir: Path | str) -> Path:
     out.mkdir(exist_ok=True)
     plot_rewards(metrics, out / "rewards.png")
     plot_training(metrics, out / "training.png")
+    watched, rising = watched_keys(run_dir)
+    monitors = monitor_keys(metrics, watched)
+    if monitors:
+        plot_monitors(metrics, out / "monitors.png", monitors, rising)
+    else:
+        (out / "monitors.png").unlink(missing_ok=True)  # a stale one from an earlier report
     samples_out = out / "samples"
     shutil.rmtree(samples_out, ignore_errors=True)  # ours: stale copies from an earlier report go
     grids = []
@@ -399,5 +484,5 @@ def write_report(run_dir: Path | str) -> Path:
         samples_out.mkdir(exist_ok=True)
         shutil.copy2(run_dir / BEFORE_AFTER, out / BEFORE_AFTER)
     index = out / "index.html"
-    index.write_text(render_html(run_dir, metrics, grids), encoding="utf-8")
+    index.write_text(render_html(run_dir, metrics, grids, monitors=bool(monitors)), encoding="utf-8")
     return index

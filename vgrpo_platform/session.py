@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -39,21 +39,37 @@ class Session:
     rewards: list[WeightedReward]
     surrogate: Surrogate
     context: BuildContext
+    eval_rewards: list[WeightedReward] = field(
+        default_factory=list
+    )  # [[eval.rewards]]: scored, never trained
 
 
 def build_session(resolved, context: BuildContext) -> Session:  # noqa: ANN001 - recipe.ResolvedRecipe
     """Build every component from the resolved recipe and make the policy trainable."""
     adapter = resolved.adapter.spec.factory(resolved.adapter.config, context)
     trainable = make_trainable(adapter, resolved.recipe.train)
-    rewards = []
-    for r in resolved.rewards:
-        reward = r.spec.factory(r.config, context)
-        if resolved.recipe.train.offload_rewards:
-            offload.park(reward, keep=adapter)  # host memory until it scores (scoring.score_all)
-        rewards.append(WeightedReward(r.key, reward, r.weight))
+    offload_rewards = resolved.recipe.train.offload_rewards
+
+    def build_rewards(refs) -> list[WeightedReward]:  # noqa: ANN001 - recipe.ResolvedReward list
+        built = []
+        for r in refs:
+            reward = r.spec.factory(r.config, context)
+            if offload_rewards:
+                offload.park(reward, keep=adapter)  # host memory until it scores (scoring.score_all)
+            built.append(WeightedReward(r.key, reward, r.weight))
+        return built
+
+    rewards = build_rewards(resolved.rewards)
     surrogate = resolved.surrogate.spec.factory(resolved.surrogate.config, context)
+    with torch.random.fork_rng(devices=[]):  # evaluation-only rewards leave training's random draws alone
+        eval_rewards = build_rewards(resolved.eval_rewards)
     return Session(
-        adapter=adapter, trainable=trainable, rewards=rewards, surrogate=surrogate, context=context
+        adapter=adapter,
+        trainable=trainable,
+        rewards=rewards,
+        surrogate=surrogate,
+        context=context,
+        eval_rewards=eval_rewards,
     )
 
 

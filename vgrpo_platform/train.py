@@ -14,6 +14,10 @@ How it departs from textbook GRPO (see docs/concepts.md):
   from the newest complete checkpoint with the same RNG and prompt-sampler state.
 - With ``train.ema_decay`` a moving average of the weights is what evaluations, grids and the
   exported model see; the optimiser, rollouts and the surrogate keep the raw weights (``ema.py``).
+- Evaluations (``evaluation.py``, shared with ``vgrpo eval``) also score the ``[[eval.rewards]]`` and
+  each prompt's sample diversity; ``[eval.monitor]`` stops the run with a checkpoint when the reward
+  rises while one of them falls (``monitor.py``). ``log.trackers`` mirror ``metrics.jsonl`` and the
+  grids to TensorBoard / W&B / MLflow through accelerate (``tracking.py``).
 - Under ``accelerate launch`` / ``torchrun`` each process rolls out a contiguous block of whole prompt
   groups; rewards are gathered, so advantages and metrics see the global batch, and the random draws
   are made for the global batch on every rank (``distributed.py``): N processes equal one process.
@@ -28,12 +32,11 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from vgrpo_platform import finetune, sharding
+from vgrpo_platform import finetune, monitor, sharding
 from vgrpo_platform.checkpoint import latest_valid_checkpoint, list_checkpoints, save_checkpoint
 from vgrpo_platform.chunked import ChunkedPredictions
 from vgrpo_platform.distributed import (
@@ -42,9 +45,7 @@ from vgrpo_platform.distributed import (
     bypassed,
     configure_launch,
     describe,
-    gather_objects,
     gather_rows,
-    lockstep_rows,
     maybe_no_sync,
     prepare_for_data_parallel,
     reduce_metrics,
@@ -52,6 +53,7 @@ from vgrpo_platform.distributed import (
 )
 from vgrpo_platform.ema import WeightAverage
 from vgrpo_platform.errors import CheckpointError, RecipeError, RewardError, VgrpoError
+from vgrpo_platform.evaluation import Protocol, evaluate
 from vgrpo_platform.faults import (
     FAULTS,
     PeerFault,
@@ -60,16 +62,17 @@ from vgrpo_platform.faults import (
     out_of_memory,
     with_policy_hint,
 )
-from vgrpo_platform.grids import save_before_after, save_grid
+from vgrpo_platform.grids import save_before_after
 from vgrpo_platform.grpo import compute_advantages, zero_std_fraction
 from vgrpo_platform.lr_schedule import build_lr_schedule
-from vgrpo_platform.metrics import MetricsWriter, Progress
+from vgrpo_platform.metrics import MetricsWriter, Progress, read_metrics
 from vgrpo_platform.prompt_sampler import PromptSampler
 from vgrpo_platform.protocols import BuildContext, RolloutBatch, SamplerSpec
 from vgrpo_platform.recipe import save_resolved
-from vgrpo_platform.rollout import generate, generate_with_extras
+from vgrpo_platform.rollout import generate_with_extras
 from vgrpo_platform.scoring import score_all
 from vgrpo_platform.session import Session, build_session, fingerprint, resolve_device, run_dir_of
+from vgrpo_platform.tracking import Tracking, require
 
 
 class _StopFlag:
@@ -111,13 +114,16 @@ class Trainer:
         self.resolved = resolved
         self.recipe = recipe = resolved.recipe
         self.run_dir = run_dir_of(recipe)
+        require(recipe.log.trackers)  # a missing tracker package stops here, before any model loads
         device = resolve_device(recipe.run.device)
         self.accelerator = Accelerator(
             cpu=device.type == "cpu",
             mixed_precision=recipe.run.mixed_precision,
             # the model's buffers never change: no broadcast, so ranks need not forward in lockstep
             kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)],
+            **Tracking.accelerator_kwargs(recipe.log.trackers, self.run_dir),
         )
+        self.tracking = Tracking(self.accelerator, recipe.log.trackers, recipe.log.project, self.run_dir)
         self.device = self.accelerator.device
         # train.offload_rewards: reward models visit the device only while they score
         self.reward_device = self.device if recipe.train.offload_rewards else None
@@ -152,9 +158,10 @@ class Trainer:
         plan_updates = getattr(self.session.surrogate, "plan_updates", None)  # optional surrogate hook
         if plan_updates is not None:
             plan_updates(t.gradient_steps_per_iteration)
-        train_prompts, eval_prompts = resolved.train_prompts, resolved.eval_prompts
-        self.eval_prompts = (eval_prompts or train_prompts)[: recipe.eval.max_prompts]
-        self.prompts = PromptSampler(train_prompts, seed=recipe.run.seed, shuffle=recipe.prompts.shuffle)
+        self.protocol = Protocol.of(resolved)  # the held-out prompts, seeds and sampler of every evaluation
+        self.prompts = PromptSampler(
+            resolved.train_prompts, seed=recipe.run.seed, shuffle=recipe.prompts.shuffle
+        )
         seed = recipe.run.seed
         self.rollout_rng = torch.Generator().manual_seed(seed)
         self.surrogate_rng = torch.Generator().manual_seed(seed + 1)
@@ -167,11 +174,16 @@ class Trainer:
             self._restore()
         if self.accelerator.is_main_process:
             save_resolved(resolved, self.run_dir)
+        self.resumed = resume
         self.metrics = None  # only the main process writes
+        self.eval_history: list[dict] = []  # the evaluation records the monitor judges (main process)
         if self.accelerator.is_main_process:
             self.metrics = MetricsWriter(
                 self.run_dir / "metrics.jsonl", resume_after=self.start_iteration if resume else None
             )
+            if resume:  # the evaluations before the checkpoint count for [eval.monitor]'s patience
+                records = read_metrics(self.metrics.path)
+                self.eval_history = [r for r in records if r.get("kind") == "eval"]
 
     # ----------------------------------------------------------------------------------------- loop
     def run(self) -> Path:
@@ -183,11 +195,17 @@ class Trainer:
         t_start = time.perf_counter() - self.elapsed
         if self.shard.world > 1:
             progress.message(f"data parallel: {self.shard.world} processes, {describe(self.accelerator)}")
+        self.tracking.start(
+            run_name=recipe.run.name,
+            config=recipe.model_dump(mode="json"),
+            resumed_at=self.start_iteration if self.resumed else None,
+        )
         try:
             with stop.installed():
                 if self.start_iteration == 0:
                     before = self.evaluate(0, wall=0.0)
-                    progress.message(f"eval @0: reward {before:.4f}")
+                    progress.message(f"eval @0: reward {before['reward']:.4f}")
+                    self._watch(before)
                 iteration = self.start_iteration
                 faults_in_a_row = 0
                 for iteration in range(self.start_iteration + 1, total + 1):
@@ -203,24 +221,33 @@ class Trainer:
                         progress.message(f"skipped iteration {iteration}: {fault}")
                     # wall-clock of the method: the optional diagnostics' seconds are left out
                     record["wall_seconds"] = time.perf_counter() - t_start - self.diagnostics_seconds
-                    if self.metrics is not None:
-                        self.metrics.write(record)
+                    self._write(record)
                     progress.update(iteration, _headline(record))
                     last = iteration == total
+                    alarm = None
                     if recipe.eval.every and iteration % recipe.eval.every == 0 or last:
-                        score = self.evaluate(iteration, wall=record["wall_seconds"])
-                        progress.message(f"eval @{iteration}: reward {score:.4f}")
+                        evaluated = self.evaluate(iteration, wall=record["wall_seconds"])
+                        progress.message(f"eval @{iteration}: reward {evaluated['reward']:.4f}")
+                        alarm = self._watch(evaluated)
                     every = recipe.log.checkpoint_every
                     stop.requested = self._any_rank(stop.requested)  # all ranks stop at the same iteration
-                    if last or stop.requested or (every and iteration % every == 0):
+                    if last or stop.requested or alarm or (every and iteration % every == 0):
                         self.save(iteration, time.perf_counter() - t_start - self.diagnostics_seconds)
                     if stop.requested:
                         progress.message(
                             f"{stop.signal_name}: saved iteration {iteration}; continue with --resume"
                         )
                         raise KeyboardInterrupt
+                    if alarm:
+                        self._write({"kind": "stopped", "iteration": iteration, "reason": alarm})
+                        progress.message(
+                            f"{alarm}; stopped at iteration {iteration} with a checkpoint. --resume goes "
+                            "on, but earlier evaluations still count: loosen [eval.monitor] first"
+                        )
+                        break
         finally:
             progress.close()
+            self.tracking.finish()
         if self.routed is not None:
             self.routed.restore()
         export = getattr(self.session.adapter, "export_trained", None)
@@ -231,6 +258,32 @@ class Trainer:
         if self.accelerator.is_main_process:
             self._summary(progress)
         return self.run_dir
+
+    def _write(self, record: dict) -> None:
+        """One ``metrics.jsonl`` line, mirrored to the trackers (main process only)."""
+        if self.metrics is not None:
+            self.metrics.write(record)
+            self.tracking.log_record(record)
+
+    def _watch(self, record: dict[str, float]) -> str | None:
+        """``[eval.monitor]`` on this evaluation: why the run must stop, or None. Every rank agrees."""
+        rule = self.recipe.eval.monitor
+        if not rule.stop_when_falls:
+            return None
+        monitor.require_keys(record, rule.stop_when_falls, rule.rising)  # the same record on every rank
+        alarm = None
+        if self.accelerator.is_main_process:
+            self.eval_history.append(record)
+            alarm = monitor.check(
+                self.eval_history,
+                rule.stop_when_falls,
+                margin=rule.margin,
+                patience=rule.patience,
+                rising=rule.rising,
+            )
+        if not self._any_rank(alarm is not None):
+            return None
+        return alarm.message() if alarm is not None else "reward-hacking monitor (main process)"
 
     def _on_fault(
         self, fault: VgrpoError, iteration: int, before: dict, in_a_row: int, elapsed: float
@@ -464,73 +517,36 @@ class Trainer:
             return nullcontext()
         return self.average.applied(self.session.trainable)
 
-    def evaluate(self, iteration: int, *, wall: float) -> float:
-        """Held-out prompts, fixed seeds: the same noise every time, so curves compare like with like."""
+    def evaluate(self, iteration: int, *, wall: float) -> dict[str, float]:
+        """Held-out prompts, fixed seeds: the same noise every time, so curves compare like with like.
+
+        Returns the evaluation's record (as written to ``metrics.jsonl``); writes its grid.
+        """
         with self._served():
             return self._evaluate(iteration, wall=wall)
 
     @torch.no_grad()
-    def _evaluate(self, iteration: int, *, wall: float) -> float:
-        recipe, session = self.recipe, self.session
-        e = recipe.eval
-        sampler = SamplerSpec(e.sampler or recipe.rollout.sampler, e.steps or recipe.rollout.steps)
-        per_prompt = e.samples_per_prompt
-        block = self.shard.block(len(self.eval_prompts))  # each rank evaluates its share of the prompts
-        local_terms: dict[str, list[float]] = {}
-        local_details: dict[str, list[float]] = {}
-        images: list[torch.Tensor] = []
-        samples = None
-        mine = self.eval_prompts[block]
-        # sharded models need equal forward counts on all ranks: a smaller share is padded (and dropped)
-        padding = lockstep_rows(self.shard, len(self.eval_prompts)) - len(mine)  # 0 on one process
-        if mine or padding:
-            padded = mine + [self.eval_prompts[-1]] * padding
-            group_ids, _, _, _, samples = generate(
-                session.adapter,
-                padded,
-                group_size=per_prompt,
-                sampler=sampler,
-                generator=torch.Generator().manual_seed(e.seed),
-                chunk_size=recipe.train.micro_batch_size,
-                device=self.device,
-                noise_window=(block.start * per_prompt, len(self.eval_prompts) * per_prompt),
-            )
-            real = len(mine) * per_prompt
-            samples = replace(samples, data=samples.data[:real])
-            flat_prompts = [mine[int(g)] for g in group_ids[:real]]
-            if real:
-                terms, details = score_all(
-                    session.rewards, samples, flat_prompts, step=iteration, offload_device=self.reward_device
-                )
-                local_terms = {k: v.tolist() for k, v in terms.items()}
-                local_details = {k: v.tolist() for k, v in details.items()}
-                images = [samples.data.cpu()]
-        keys = [r.key for r in session.rewards]
-        gathered = gather_objects(self.accelerator, [(local_terms, local_details)])
-        terms = {k: torch.tensor([x for t, _ in gathered for x in t.get(k, [])]) for k in keys}
-        detail_keys = sorted({k for _, d in gathered for k in d})
-        details = {k: torch.tensor([x for _, d in gathered for x in d.get(k, [])]) for k in detail_keys}
-        total = sum(r.weight * terms[r.key] for r in session.rewards)
-        record: dict[str, float] = {"kind": "eval", "iteration": iteration, "wall_seconds": wall}
-        record["reward"] = total.mean().item()
-        record.update({f"reward/{k}": v.mean().item() for k, v in terms.items()})
-        record.update({f"detail/{k}": v.mean().item() for k, v in details.items()})
-        if recipe.log.save_grids and self.shard.world > 1:
-            images = gather_objects(self.accelerator, images)
+    def _evaluate(self, iteration: int, *, wall: float) -> dict[str, float]:
+        grids = self.recipe.log.save_grids
+        result = evaluate(
+            self.session,
+            self.protocol,
+            accelerator=self.accelerator,
+            step=iteration,
+            offload_device=self.reward_device,
+            keep_samples=grids,
+        )
+        record: dict = {"kind": "eval", "iteration": iteration, "wall_seconds": wall, **result.means()}
         if self.accelerator.is_main_process:
-            if self.metrics is not None:
-                self.metrics.write(record)
-            if recipe.log.save_grids and images and samples is not None:
-                save_grid(  # ranks hold consecutive blocks of the prompts, so the gathered order is theirs
-                    replace(samples, data=torch.cat(images)),
+            self._write(record)
+            if grids:  # ranks hold consecutive blocks of the prompts, so the gathered order is theirs
+                per_prompt = self.protocol.samples_per_prompt
+                grid = result.save_grid(
                     self.run_dir / "samples" / f"eval_{iteration:06d}.png",
-                    group_size=per_prompt,
-                    prompts=self.eval_prompts,
-                    details={k: v.tolist() for k, v in details.items()},
-                    rewards=total.tolist(),
                     title=f"held-out prompts at iteration {iteration}, {per_prompt} fixed seeds each",
                 )
-        return record["reward"]
+                self.tracking.log_samples(iteration, grid, result.samples, per_prompt)
+        return record
 
     # ------------------------------------------------------------------------------------ checkpoints
     def save(self, iteration: int, elapsed: float) -> Path | None:
@@ -612,7 +628,7 @@ class Trainer:
             f"held-out reward: {first['reward']:.4f} at iteration {first['iteration']} -> "
             f"{last['reward']:.4f} at iteration {last['iteration']}  (run dir: {self.run_dir})"
         )
-        for key in sorted(k for k in last if k.startswith(("reward/", "detail/")) and k in first):
+        for key in sorted(k for k in last if k.startswith(("reward/", "detail/", "monitor/")) and k in first):
             delta = last[key] - first[key]
             progress.message(f"  {key}: {first[key]:.4f} -> {last[key]:.4f} ({delta:+.4f})")
         samples = self.run_dir / "samples"

@@ -1,0 +1,164 @@
+"""The reward-hacking monitor: the stop rule on constructed evaluation sequences, its recipe checks,
+and a toy run it stops with a checkpoint that resumes (and that it stops again until loosened)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vgrpo_platform.checkpoint import list_checkpoints
+from vgrpo_platform.errors import RecipeError
+from vgrpo_platform.metrics import read_metrics
+from vgrpo_platform.monitor import Alarm, check, flagged, require_keys
+from vgrpo_platform.recipe import resolve_recipe
+from vgrpo_platform.train import Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+TOY = ROOT / "recipes" / "toy.toml"
+
+
+def evals(rewards: list[float], monitor: list[float]) -> list[dict]:
+    return [
+        {"kind": "eval", "iteration": 10 * i, "reward": r, "monitor/diversity": m}
+        for i, (r, m) in enumerate(zip(rewards, monitor, strict=True))
+    ]
+
+
+# ------------------------------------------------------------------------------------ the rule
+def test_flags_mark_evaluations_below_the_best_by_the_margin_while_the_reward_is_higher():
+    records = evals([0.1, 0.2, 0.3, 0.4, 0.5], [0.50, 0.60, 0.55, 0.50, 0.58])
+    # best so far: 0, 1, 1, 1, 1; falls since it: -, 0, .05, .10, .02 ; reward above it: -, -, yes, yes, yes
+    assert flagged(records, "monitor/diversity", "reward", margin=0.03) == [None, None, 1, 1, None]
+    assert flagged(records, "monitor/diversity", "reward", margin=0.0) == [None, None, 1, 1, 1]
+
+
+def test_the_rule_fires_after_patience_flagged_evaluations_in_a_row():
+    rewards, monitor = [0.1, 0.2, 0.3, 0.4, 0.5], [0.5, 0.6, 0.5, 0.45, 0.40]
+    rule = {"margin": 0.05, "patience": 2}
+    for n in range(1, 4):  # flags: -, -, 1, 1, 1 -> not yet after three evaluations
+        assert check(evals(rewards[:n], monitor[:n]), ["monitor/diversity"], **rule) is None
+    alarm = check(evals(rewards[:4], monitor[:4]), ["monitor/diversity"], **rule)
+    assert alarm == Alarm(
+        key="monitor/diversity",
+        rising="reward",
+        iteration=30,
+        best_iteration=10,
+        best=0.6,
+        now=0.45,
+        rising_at_best=0.2,
+        rising_now=0.4,
+        evaluations=2,
+    )
+    assert "monitor/diversity fell from 0.6000 (iteration 10) to 0.4500" in alarm.message()
+    assert check(evals(rewards, monitor), ["monitor/diversity"], **rule).evaluations == 3
+
+
+@pytest.mark.parametrize(
+    ("rewards", "monitor", "why"),
+    [
+        ([0.1, 0.2, 0.3, 0.4], [0.6, 0.58, 0.57, 0.56], "falls by no more than the margin"),
+        ([0.4, 0.3, 0.2, 0.1], [0.6, 0.5, 0.4, 0.3], "the reward falls too: no hacking"),
+        ([0.1, 0.2, 0.3, 0.4], [0.6, 0.4, 0.6, 0.4], "it recovered in between: not in a row"),
+        ([0.1, 0.2, 0.3, 0.4], [0.6, 0.7, 0.8, 0.9], "it rises"),
+    ],
+)
+def test_the_rule_stays_quiet(rewards, monitor, why):
+    assert check(evals(rewards, monitor), ["monitor/diversity"], margin=0.05, patience=2) is None, why
+
+
+def test_the_first_watched_key_that_fires_is_reported_and_rising_is_configurable():
+    records = evals([0.1, 0.2, 0.3], [0.9, 0.5, 0.4])
+    for r, other in zip(records, [0.0, 0.5, 1.0], strict=True):
+        r["detail/shapes/correct"] = 1.0 - other
+        r["reward/held_out"] = other  # rises: it can stand for the training reward
+    keys = ["detail/shapes/correct", "monitor/diversity"]
+    assert check(records, keys, margin=0.1, patience=2).key == "detail/shapes/correct"
+    assert check(records, keys[::-1], margin=0.1, patience=2).key == "monitor/diversity"
+    assert check(records, keys, margin=0.1, patience=2, rising="reward/held_out").rising == "reward/held_out"
+    assert check(records, keys, margin=0.1, patience=3) is None  # the first evaluation is never flagged
+
+
+def test_a_missing_key_is_a_one_line_error_naming_the_found_ones():
+    record = {"kind": "eval", "iteration": 0, "reward": 0.5, "detail/shapes/correct": 0.2}
+    require_keys(record, ["detail/shapes/correct"], "reward")
+    with pytest.raises(
+        RecipeError, match=r"'detail/shapes/corect' is not .* use one of .*detail/shapes/correct"
+    ):
+        require_keys(record, ["detail/shapes/corect"], "reward")
+
+
+# ------------------------------------------------------------------------------------ recipe checks
+def toy(tmp_path: Path, name: str, *overrides: str):
+    base = [f"run.output_dir={tmp_path.as_posix()!r}", f"run.name={name!r}", "log.progress='none'"]
+    return resolve_recipe(TOY, [*base, *overrides])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragment"),
+    [
+        (['eval.monitor.stop_when_falls=["reward/brightnes"]'], "did you mean 'reward/brightness'?"),
+        (['eval.monitor.stop_when_falls=["monitor/reward"]'], "needs at least one [[eval.rewards]]"),
+        (
+            ['eval.monitor.stop_when_falls=["monitor/diversity"]', "eval.samples_per_prompt=1"],
+            "needs eval.samples_per_prompt >= 2",
+        ),
+        (['eval.monitor.stop_when_falls=["detail/nope/correct"]'], "detail/<reward>/<criterion>"),
+        (["eval.monitor.rising='reward/other'"], "eval.monitor.rising: 'reward/other'"),
+    ],
+)
+def test_the_recipe_rejects_metrics_the_evaluations_will_not_have(tmp_path, overrides, fragment):
+    with pytest.raises(RecipeError) as caught:
+        toy(tmp_path, "bad", *overrides)
+    assert fragment in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_the_recipe_accepts_rewards_criteria_and_monitors(tmp_path):
+    resolved = toy(
+        tmp_path,
+        "ok",
+        "eval.rewards.0.name=brightness",
+        'eval.monitor.stop_when_falls=["reward/brightness_eval", "monitor/reward", "monitor/diversity", '
+        '"detail/brightness/any"]',
+    )
+    assert [r.key for r in resolved.eval_rewards] == ["brightness_eval"]  # its name is a training key
+
+
+# ------------------------------------------------------------------------------------ a toy run
+# Training raises the brightness; the evaluation-only copy with target 0 scores darkness, so it falls.
+HACKED = [
+    "train.iterations=6",
+    "eval.every=1",
+    "log.checkpoint_every=0",
+    "log.save_grids=false",
+    "log.diagnostics_every=0",
+    "rollout.group_size=4",
+    "eval.rewards.0.name=brightness",
+    "eval.rewards.0.options.target=0.0",
+    'eval.monitor.stop_when_falls=["reward/brightness_eval"]',
+    "eval.monitor.margin=0.0",
+    "eval.monitor.patience=2",
+]
+
+
+def test_a_run_whose_held_out_check_falls_stops_with_a_resumable_checkpoint(tmp_path):
+    run_dir = Trainer(toy(tmp_path, "hacked", *HACKED)).run()
+    records = read_metrics(run_dir / "metrics.jsonl")
+    ev = [r for r in records if r["kind"] == "eval"]
+    assert [r["iteration"] for r in ev] == [0, 1, 2]
+    assert ev[2]["reward"] > ev[1]["reward"] > ev[0]["reward"]
+    assert ev[2]["reward/brightness_eval"] < ev[1]["reward/brightness_eval"] < ev[0]["reward/brightness_eval"]
+    stopped = [r for r in records if r["kind"] == "stopped"]
+    assert [r["iteration"] for r in stopped] == [2]
+    assert "reward/brightness_eval fell" in stopped[0]["reason"]
+    assert max(r["iteration"] for r in records if r["kind"] == "train") == 2
+    assert [p.name for p in list_checkpoints(run_dir)] == ["iter_000002"]  # not the 6 it was asked for
+
+    # resumed as is, the earlier evaluations still count: it stops at the next one
+    Trainer(toy(tmp_path, "hacked", *HACKED), resume=True).run()
+    assert [p.name for p in list_checkpoints(run_dir)] == ["iter_000002", "iter_000003"]
+    # loosened, it trains on to the end
+    Trainer(toy(tmp_path, "hacked", *HACKED, "eval.monitor.patience=100"), resume=True).run()
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["iteration"] for r in records if r["kind"] == "train"] == [1, 2, 3, 4, 5, 6]
+    assert [r["iteration"] for r in records if r["kind"] == "stopped"] == [2, 3]
