@@ -1,55 +1,72 @@
-"""V-GRPO against its baselines and its own ablations, side by side, on one adapter, reward and budget.
+"""V-GRPO against its baselines on one adapter, reward and budget: a learning-rate sweep per method, then
+seeds at the chosen rate, every run a resumable cell (docs/benchmarks.md).
 
-    python benchmarks/compare.py --world shapes  # both tables: 11 runs x 50 iterations, 22 min
-    python benchmarks/compare.py --world shapes --iterations 2 --methods vgrpo awm --no-ablation  # smoke
-    python benchmarks/compare.py --recipe recipes/flux_pickscore.toml --iterations 300   # real scale, GPU
+    python benchmarks/compare.py --world shapes --lrs 3e-4 1e-3 2e-3 --seeds 0 1 2   # the full matrix
+    python benchmarks/compare.py --world toy --methods vgrpo flow_grpo --seeds 0 1 --lrs 1e-3 1e-2 \
+        --iterations 3                                                                 # the smoke test's
+    python benchmarks/compare.py --tables-from benchmarks/results/shapes/summary.json \
+        --write-doc docs/benchmarks.md                                 # the docs' tables, from a summary
 
-Every row is a real run of its own surrogate through the same loop (``vgrpo_platform.train``): same
-recipe, prompts, seeds, rollout batch and iterations; only ``[surrogate]`` (and, for the MDP
-baselines, the Euler SDE grid they need) differ. Printed per row: held-out reward reached, gradient
-steps / wall-clock / NFE to reach the target reward, the time split rollout / reward / train, and the
-surrogate diagnostics (``diag/*``, ELBO surrogates only). Curves go to ``OUT/curves.png`` and every
-number to ``OUT/summary.json``.
+Every cell is a real run of its own surrogate through the same loop (``vgrpo_platform.train``): same
+recipe, prompts, rollout batch and evaluation; only ``[surrogate]`` (and, for the MDP baselines, the
+Euler SDE grid they need), the rate and the seed differ. Cells live under ``OUT/runs`` and a second
+invocation skips the finished ones (``matrix.py``). The sweep picks each method's rate with the rule
+of ``aggregate.selection_score``, fixed before any run; ``OUT/summary.json`` holds each method's sweep
+table, every seed's figures, their means and 95% t-intervals and the commit, ``OUT/curves.png`` the
+held-out reward against network evaluations (``nfe.py``), the same x axis for every method.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
-import time
 from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules, however this file is loaded
+
+import aggregate  # noqa: E402
+import matrix  # noqa: E402
+import nfe  # noqa: E402
+import render  # noqa: E402
+from render import print_table  # noqa: E402, F401  (the table printer, kept under its old name)
 
 ROOT = Path(__file__).resolve().parents[1]
 WORLDS = {"shapes": ROOT / "recipes" / "quickstart.toml", "toy": ROOT / "recipes" / "toy.toml"}
-# per world: the batch and rate every row shares (the default budget runs both tables in 22 min on
-# 2 CPU cores, docs/benchmarks.md), and the
-# detail metric shown beside the reward (the quickstart's own KL, schedule, two steps per rollout and
-# weight average are left out:
-# every method trains with the same plain AdamW rate)
+# per world: the batch every cell shares (the quickstart's own KL, schedule, two steps per rollout and
+# weight average are left out: every method trains with the same plain AdamW at its own rate)
 WORLD_SETTINGS: dict[str, list[str]] = {
     "shapes": [
         "rollout.prompts_per_iteration=4",
         "train.lr=2e-3",
         "train.lr_schedule='constant'",
-        "train.gradient_steps_per_iteration=1",  # the tables were measured fully on-policy,
-        "train.ema_decay=0",  # on the raw weights (docs/benchmarks.md)
+        "train.gradient_steps_per_iteration=1",  # fully on-policy
+        "train.ema_decay=0",  # evaluated on the raw weights
         "eval.samples_per_prompt=2",
     ],
     "toy": [],
 }
 WORLD_DETAIL = {"shapes": "detail/shapes/correct", "toy": None}
+# the target every method races to, fixed before the runs: the base model's value plus this much
+WORLD_TARGET = {"shapes": ("detail/shapes/correct", 0.10), "toy": ("reward", 0.2)}
 
 # name -> recipe overrides (surrogate options are replaced whole, so the recipe's own never leak in)
 METHODS: dict[str, list[str]] = {
     "vgrpo": ["surrogate.name='vgrpo'", "surrogate.options={n_mc=4}"],
     "elbo_naive": ["surrogate.name='elbo_naive'", "surrogate.options={n_mc=4}"],
-    "flow_grpo": ["surrogate.name='flow_grpo'", "surrogate.options={}"],
+    # Flow-GRPO as shipped: its KL form (no |dt|) and the last step left untrained (timestep_fraction 0.99)
+    "flow_grpo": [
+        "surrogate.name='flow_grpo'",
+        "surrogate.options={kl_include_dt=false, train_last_step=false}",
+    ],
     "mixgrpo": ["surrogate.name='flow_grpo'", "surrogate.options={window_size=4, window_shift_every=25}"],
+    "dance_grpo": ["surrogate.name='dance_grpo'", "surrogate.options={}"],
+    "flow_grpo_fast": ["surrogate.name='flow_grpo_fast'", "surrogate.options={}"],
     "diffusion_nft": ["surrogate.name='diffusion_nft'", "surrogate.options={n_timesteps=4}"],
     "awm": ["surrogate.name='awm'", "surrogate.options={n_mc=4}"],
+    "awm_authors": ["surrogate.name='awm_authors'", "surrogate.options={}"],
 }
 ABLATIONS: dict[str, list[str]] = {
     "vgrpo (all)": METHODS["vgrpo"],
@@ -59,175 +76,236 @@ ABLATIONS: dict[str, list[str]] = {
     "N_MC 2": ["surrogate.name='vgrpo'", "surrogate.options={n_mc=2}"],
     "N_MC 8": ["surrogate.name='vgrpo'", "surrogate.options={n_mc=8}"],
 }
+SELECTION_RULE = "best mean held-out reward over the last two evaluations, mean over sweep seeds"
 
 
-def run_one(recipe: Path, label: str, overrides: list[str], common: list[str], out: Path) -> dict:
-    """Train one row; returns its metrics records (train and eval) and wall time."""
-    from vgrpo_platform.metrics import read_metrics
-    from vgrpo_platform.recipe import resolve_recipe
-    from vgrpo_platform.train import Trainer
-
-    safe = "".join(c if c.isalnum() else "_" for c in label).strip("_")
-    base = [f"run.output_dir={out.as_posix()!r}", f"run.name={safe!r}", "log.progress='plain'"]
-    resolved = resolve_recipe(recipe, [*base, *common, *overrides])
-    start = time.perf_counter()
-    run_dir = Trainer(resolved).run()
-    records = read_metrics(run_dir / "metrics.jsonl")
-    return {
-        "label": label,
-        "records": records,
-        "wall": time.perf_counter() - start,
-        "recipe": resolved.recipe,
-    }
-
-
-def nfe_per_iteration(row: dict) -> float:
-    """Network evaluations per iteration: rollout steps for every sample plus the surrogate's passes."""
-    recipe = row["recipe"]
-    b = recipe.rollout.group_size * recipe.rollout.prompts_per_iteration
-    steps, grad_steps = recipe.rollout.steps, recipe.train.gradient_steps_per_iteration
-    name, opts = recipe.surrogate.name, recipe.surrogate.options
-    if name in ("vgrpo", "elbo_naive", "awm"):
-        train = opts.get("n_mc", 4) * (1 + grad_steps)  # prepare (old surrogate) + each gradient step
-    elif name == "diffusion_nft":
-        train = opts.get("n_timesteps", 4) * 2 * grad_steps  # old (EMA) and current policy
-    else:  # flow_grpo: every trained SDE step, each gradient step (+ the reference with a KL)
-        trained = min(opts.get("window_size") or steps, steps)
-        train = trained * grad_steps + (trained if opts.get("kl_beta", 0.04) > 0 else 0)
-    return float(b * (steps + train))
-
-
-def summarise(row: dict, target: float, detail: str | None = None) -> dict:
-    evals = [r for r in row["records"] if r["kind"] == "eval"]
-    trains = [r for r in row["records"] if r["kind"] == "train"]
-    reached = next((r for r in evals if r["reward"] >= target), None)
-    grad_steps = sum(r.get("gradient_steps", 0) for r in trains)
-    per_iter_steps = grad_steps / max(len(trains), 1)
-    summary = {
-        "label": row["label"],
-        "reward_start": evals[0]["reward"] if evals else math.nan,
-        "reward_end": evals[-1]["reward"] if evals else math.nan,
-        "iter_to_target": reached["iteration"] if reached else None,
-        "steps_to_target": reached["iteration"] * per_iter_steps if reached else None,
-        "wall_to_target": reached["wall_seconds"] if reached else None,  # diagnostics left out by the loop
-        "nfe_to_target": reached["iteration"] * nfe_per_iteration(row) if reached else None,
-        "wall": row["wall"],
-        "detail_start": evals[0].get(detail) if evals and detail else None,
-        "detail_end": evals[-1].get(detail) if evals and detail else None,
-    }
-    for key in ("time_rollout", "time_reward", "time_train"):
-        summary[key] = sum(r.get(key, 0.0) for r in trains)
-    for key in ("diag/cv", "diag/within_group_cv", "diag/grad_corr"):
-        vals = [r[key] for r in trains if key in r and math.isfinite(r[key])]
-        summary[key] = sum(vals) / len(vals) if vals else None
-    summary["curve"] = [(r["iteration"], r["reward"]) for r in evals]
-    return summary
-
-
-def fmt(value: object, spec: str = ".3f") -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return "nan" if math.isnan(value) else format(value, spec)
-    return str(value)
-
-
-def print_table(title: str, rows: list[dict], target: float, detail: str | None = None) -> None:
-    short = detail.rsplit("/", 1)[-1][:7] if detail else ""
-    extra = f" {short + ' 0':>9} {short + ' end':>11}" if detail else ""
-    head = (
-        f"{'method':<18} {'reward 0':>9} {'reward end':>10}{extra} {'steps->' + fmt(target, '.2f'):>12} "
-        f"{'wall->tgt s':>11} {'NFE->tgt':>10} {'rollout s':>9} {'reward s':>8} {'train s':>8} "
-        f"{'CV':>6} {'grpCV':>6} {'gcorr':>6}"
-    )
-    print(f"\n{title}\n{head}\n{'-' * len(head)}")
-    for s in rows:
-        cells = f" {fmt(s['detail_start']):>9} {fmt(s['detail_end']):>11}" if detail else ""
-        print(
-            f"{s['label']:<18} {fmt(s['reward_start']):>9} {fmt(s['reward_end']):>10}{cells} "
-            f"{fmt(s['steps_to_target'], '.0f'):>12} {fmt(s['wall_to_target'], '.0f'):>11} "
-            f"{fmt(s['nfe_to_target'], '.0f'):>10} {fmt(s['time_rollout'], '.0f'):>9} "
-            f"{fmt(s['time_reward'], '.0f'):>8} {fmt(s['time_train'], '.0f'):>8} {fmt(s['diag/cv']):>6} "
-            f"{fmt(s['diag/within_group_cv']):>6} {fmt(s['diag/grad_corr'], '.2f'):>6}"
-        )
-
-
-def plot(groups: dict[str, list[dict]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4), squeeze=False)
-    for ax, (title, rows) in zip(axes[0], groups.items(), strict=True):
-        for s in rows:
-            if s["curve"]:
-                xs, ys = zip(*s["curve"], strict=True)
-                ax.plot(xs, ys, marker="o", label=s["label"])
-        ax.set(title=title, xlabel="iteration", ylabel="held-out reward")
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-
-
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--world", choices=sorted(WORLDS), default="shapes")
     parser.add_argument("--recipe", type=Path, help="any recipe instead of a world's (real scale)")
-    parser.add_argument("--iterations", type=int, default=50)
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--lrs", nargs="+", type=float, help="rates to sweep; default: the world's one rate")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds of the final runs")
+    parser.add_argument(
+        "--sweep-seeds", nargs="+", type=int, help="seeds of the sweep; default: the first seed"
+    )
+    parser.add_argument("--iterations", type=int, default=150, help="budget of the final runs")
+    parser.add_argument("--sweep-iterations", type=int, help="budget of the sweep; default: a third of it")
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--eval-prompts", type=int, default=32)
-    parser.add_argument("--target", type=float, help="reward to reach; default: V-GRPO's end reward")
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    parser.add_argument("--no-ablation", action="store_true")
-    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "benchmark")
+    parser.add_argument(
+        "--diagnostics-every", type=int, default=25, help="surrogate diagnostics (ELBO methods)"
+    )
+    parser.add_argument(
+        "--target", type=float, help="absolute target of the target metric (default: base + delta)"
+    )
+    parser.add_argument("--target-delta", type=float, help="target = the base model's value + this")
+    parser.add_argument("--ablations", action="store_true", help="also V-GRPO's ablations, at V-GRPO's rate")
+    parser.add_argument("--out", type=Path, help="default: benchmarks/results/<world or recipe name>")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="extra recipe override")
-    args = parser.parse_args(argv)
+    parser.add_argument("--tables-from", type=Path, help="print the tables of a summary.json; runs nothing")
+    parser.add_argument("--write-doc", type=Path, help="replace the generated block of this Markdown file")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    if args.tables_from is not None:
+        summary = json.loads(args.tables_from.read_text())
+        render.print_summary(summary)
+        if args.write_doc is not None:
+            _write_doc(args.write_doc, summary, args.tables_from)
+        return 0
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    recipe = args.recipe or WORLDS[args.world]
-    out = args.out / time.strftime("%Y%m%d-%H%M%S")
-    world = [] if args.recipe else WORLD_SETTINGS[args.world]
-    detail = None if args.recipe else WORLD_DETAIL[args.world]
-    common = [
-        *world,
-        f"train.iterations={args.iterations}",
-        f"eval.every={args.eval_every}",
-        f"eval.max_prompts={args.eval_prompts}",
-        "log.diagnostics_every=5",
-        "log.checkpoint_every=0",
-        "log.save_grids=false",
-        *args.overrides,
-    ]
-    rows = {m: run_one(recipe, m, METHODS[m], common, out) for m in args.methods}
-    ablation = {}
-    if not args.no_ablation:
-        for label, overrides in ABLATIONS.items():
-            same = label == "vgrpo (all)" and "vgrpo" in rows
-            ablation[label] = rows["vgrpo"] if same else run_one(recipe, label, overrides, common, out)
-    reference = rows.get("vgrpo") or next(iter(rows.values()))
-    target = args.target
-    if target is None:
-        evals = [r for r in reference["records"] if r["kind"] == "eval"]
-        target = evals[-1]["reward"] if evals else math.inf
-    main_rows = [summarise(r, target, detail) for r in rows.values()]
-    abl_rows = [summarise({**r, "label": label}, target, detail) for label, r in ablation.items()]
-    print_table(
-        f"Methods ({recipe.name}, {args.iterations} iterations, target reward {target:.3f})",
-        main_rows,
-        target,
-        detail,
-    )
-    if abl_rows:
-        print_table("V-GRPO ablations", abl_rows, target, detail)
-    out.mkdir(parents=True, exist_ok=True)
-    plot({"methods": main_rows, **({"ablations": abl_rows} if abl_rows else {})}, out / "curves.png")
-    (out / "summary.json").write_text(
-        json.dumps({"target": target, "methods": main_rows, "ablations": abl_rows}, indent=1)
-    )
+    summary, out = run_matrix(args)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    render.plot_curves(summary, out / "curves.png")
+    render.print_summary(summary)
+    if args.write_doc is not None:
+        _write_doc(args.write_doc, summary, out / "summary.json")
     print(f"\ncurves: {out / 'curves.png'}\nsummary: {out / 'summary.json'}")
     return 0
+
+
+def run_matrix(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
+    """Both phases (running, resuming or skipping each cell), then the summary of every finished cell."""
+    from vgrpo_platform.recipe import resolve_recipe
+
+    recipe = args.recipe or WORLDS[args.world]
+    name = recipe.stem if args.recipe else args.world
+    out = args.out or ROOT / "benchmarks" / "results" / name
+    world = [] if args.recipe else WORLD_SETTINGS[args.world]
+    detail = None if args.recipe else WORLD_DETAIL[args.world]
+    metric, delta = ("reward", None) if args.recipe else WORLD_TARGET[args.world]
+    delta = args.target_delta if args.target_delta is not None else delta
+    common = [
+        *world,
+        f"eval.every={args.eval_every}",
+        f"eval.max_prompts={args.eval_prompts}",
+        f"log.diagnostics_every={args.diagnostics_every}",
+        f"log.checkpoint_every={args.eval_every}",  # an interruption loses at most one evaluation interval
+        "log.keep_last=1",
+        "log.save_grids=false",
+        "log.progress='plain'",
+        *args.overrides,
+    ]
+    lrs = args.lrs or [resolve_recipe(recipe, common).recipe.train.lr]
+    sweep_seeds = args.sweep_seeds or args.seeds[:1]
+    sweep_iterations = args.sweep_iterations or max(1, args.iterations // 3)
+    commit = matrix.git_commit(ROOT)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    def cell_of(label: str, overrides: list[str], lr: float, seed: int, iterations: int) -> matrix.Cell:
+        return matrix.Cell(label, lr, seed, iterations, tuple(overrides))
+
+    chosen: dict[str, float | None] = {}
+    sweeps: dict[str, list[dict[str, Any]]] = {}
+    for method in args.methods:
+        if len(lrs) == 1:
+            chosen[method] = lrs[0]
+            continue
+        scores: dict[float, list[float]] = {}
+        for lr in lrs:
+            for seed in sweep_seeds:
+                cell = cell_of(method, METHODS[method], lr, seed, sweep_iterations)
+                matrix.run_cell(cell, recipe, common, out, commit, say)
+                _, records = matrix.read_cell(cell, out)
+                scores.setdefault(lr, []).append(
+                    aggregate.selection_score(records) if records else -float("inf")
+                )
+        chosen[method] = matrix.choose_rate(scores)
+        sweeps[method] = [
+            {"lr": lr, "scores": dict(zip(sweep_seeds, s, strict=True)), "mean": sum(s) / len(s)}
+            for lr, s in scores.items()
+        ]
+        say(f"sweep {method}: chose lr {chosen[method]}")
+    finals = {
+        m: [cell_of(m, METHODS[m], lr, seed, args.iterations) for seed in args.seeds]
+        for m, lr in chosen.items()
+        if lr is not None
+    }
+    ablations: dict[str, list[matrix.Cell]] = {}
+    if args.ablations and chosen.get("vgrpo") is not None:
+        ablations = {
+            label: [cell_of(label, o, chosen["vgrpo"], seed, args.iterations) for seed in args.seeds]
+            for label, o in ABLATIONS.items()
+        }
+    for cells in [*finals.values(), *ablations.values()]:
+        for cell in cells:
+            if cell.method == "vgrpo (all)":  # the vgrpo cells themselves
+                continue
+            matrix.run_cell(cell, recipe, common, out, commit, say)
+    if "vgrpo (all)" in ablations:
+        ablations["vgrpo (all)"] = finals["vgrpo"]
+
+    summary: dict[str, Any] = {
+        "recipe": _shown(recipe),
+        "world": None if args.recipe else args.world,
+        "commit": commit,
+        "settings": {
+            "iterations": args.iterations,
+            "sweep_iterations": sweep_iterations,
+            "seeds": args.seeds,
+            "sweep_seeds": sweep_seeds,
+            "lrs": lrs,
+            "eval_every": args.eval_every,
+            "eval_prompts": args.eval_prompts,
+            "overrides": common,
+        },
+        "selection_rule": SELECTION_RULE,
+        "detail": detail,
+        "methods": {},
+        "ablations": {},
+    }
+    target_info = {"metric": metric, "delta": delta, "value": args.target, "rule": _rule(args.target, delta)}
+    cell_commits: set[str] = set()
+    for block, groups in (("methods", finals), ("ablations", ablations)):
+        for label, cells in groups.items():
+            per_seed, failed = [], []
+            for cell in cells:
+                marker, records = matrix.read_cell(cell, out)
+                if marker is not None:
+                    cell_commits.add(marker["commit"])
+                if not records:
+                    failed.append(cell.seed)
+                    continue
+                resolved = resolve_recipe(recipe, cell.recipe_overrides(common, out))
+                target = _target(records, metric, delta, args.target)
+                if target_info["value"] is None:
+                    target_info["value"] = target
+                figures = aggregate.seed_figures(
+                    records,
+                    nfe.cumulative_nfe(resolved, cell.iterations),
+                    detail=detail,
+                    target_metric=metric,
+                    target=target,
+                )
+                per_seed.append({"seed": cell.seed, **figures})
+            entry: dict[str, Any] = {
+                "seeds": per_seed,
+                "failed_seeds": failed,
+                "summary": aggregate.across_seeds(per_seed) if per_seed else None,
+            }
+            if block == "methods":
+                entry = {"chosen_lr": chosen[label], "sweep": sweeps.get(label, []), **entry}
+            else:
+                entry = {"lr": chosen["vgrpo"], **entry}
+            summary[block][label] = entry
+    for method, lr in chosen.items():
+        if lr is None:  # every rate of the sweep failed
+            summary["methods"][method] = {
+                "chosen_lr": None,
+                "sweep": sweeps.get(method, []),
+                "seeds": [],
+                "summary": None,
+            }
+    summary["target"] = target_info
+    summary["cell_commits"] = sorted(cell_commits)
+    return summary, out
+
+
+def _write_doc(doc: Path, summary: dict[str, Any], source: Path) -> None:
+    """The doc's generated block from ``summary``, linking the ``curves.png`` beside ``source``."""
+    curves = source.parent / "curves.png"
+    link = (
+        Path(os.path.relpath(curves.resolve(), doc.resolve().parent)).as_posix() if curves.exists() else None
+    )
+    render.write_doc(doc, render.markdown(summary, _shown(source), link))
+
+
+def _target(
+    records: list[dict[str, Any]], metric: str, delta: float | None, absolute: float | None
+) -> float | None:
+    """The target of one run: ``absolute``, or its own base value (iteration 0) plus ``delta``."""
+    if absolute is not None:
+        return absolute
+    first = next((r for r in records if r.get("kind") == "eval"), None)
+    if delta is None or first is None or metric not in first:
+        return None
+    return first[metric] + delta
+
+
+def _rule(absolute: float | None, delta: float | None) -> str:
+    if absolute is not None:
+        return "given with --target"
+    return (
+        f"the base model's value + {delta:g}"
+        if delta is not None
+        else "none: give --target or --target-delta"
+    )
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository when it is inside it (summaries move between machines)."""
+    try:
+        return path.resolve().relative_to(ROOT).as_posix()
+    except ValueError:
+        return path.as_posix()
 
 
 if __name__ == "__main__":

@@ -1,73 +1,200 @@
-"""benchmarks/compare.py end to end on the toy world: every row a real run, one table, the plot."""
+"""benchmarks/compare.py end to end on the toy world: the sweep and seeds phases as resumable cells, a second
+invocation that runs nothing, the generated doc tables, and the figures' arithmetic (t-intervals, NFE,
+the selection rule) against independent computations."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import math
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
+SMOKE = ["--world", "toy", "--methods", "vgrpo", "flow_grpo", "--seeds", "0", "1", "--lrs", "1e-3", "1e-2"]
+SMOKE += ["--iterations", "3"]
 
 
-def _compare():
-    spec = importlib.util.spec_from_file_location("compare", ROOT / "benchmarks" / "compare.py")
+def _load(name: str):  # noqa: ANN202
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def test_the_benchmark_runs_each_method_and_prints_one_table(tmp_path, capsys, monkeypatch):
+def _compare():  # noqa: ANN202
+    return _load("compare")
+
+
+def _files(folder: Path) -> dict[str, tuple[float, int]]:
+    return {
+        p.relative_to(folder).as_posix(): (p.stat().st_mtime_ns, p.stat().st_size) for p in folder.rglob("*")
+    }
+
+
+def test_the_smoke_matrix_runs_every_cell_once_and_a_second_invocation_only_prints_tables(
+    tmp_path, capsys, monkeypatch
+):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     compare = _compare()
-    args = ["--world", "toy", "--iterations", "2", "--eval-every", "1", "--eval-prompts", "2"]
-    assert (
-        compare.main([*args, "--methods", "vgrpo", "diffusion_nft", "--no-ablation", "--out", str(tmp_path)])
-        == 0
+    out = tmp_path / "toy"
+    assert compare.main([*SMOKE, "--out", str(out)]) == 0
+    first = capsys.readouterr().out
+    # the sweep: 2 methods x 2 rates on seed 0 with a third of the budget; then 2 seeds at the chosen rate
+    assert first.count(": running") == 8 and "eval @" in first
+    summary = json.loads((out / "summary.json").read_text())
+    assert list(summary["methods"]) == ["vgrpo", "flow_grpo"]
+    assert summary["settings"]["sweep_iterations"] == 1 and summary["settings"]["lrs"] == [1e-3, 1e-2]
+    assert summary["commit"] and summary["cell_commits"] == [summary["commit"]]
+    for name, entry in summary["methods"].items():
+        sweep = {row["lr"]: row["mean"] for row in entry["sweep"]}
+        assert set(sweep) == {1e-3, 1e-2}
+        assert entry["chosen_lr"] == max(sweep, key=lambda lr: (sweep[lr], -lr))  # the rule, recomputed
+        assert [s["seed"] for s in entry["seeds"]] == [0, 1]
+        ends = [s["reward_end"] for s in entry["seeds"]]
+        stats = entry["summary"]["reward_end"]
+        assert stats["mean"] == pytest.approx(sum(ends) / 2)
+        # two seeds: t_{0.975, 1} = 12.706 (tables), times |a - b| / 2
+        assert stats["ci95"] == pytest.approx(12.7062 * abs(ends[0] - ends[1]) / 2, rel=1e-4)
+        for seed in entry["seeds"]:
+            assert [p["iteration"] for p in seed["curve"]] == [0, 3]
+            assert seed["curve"][-1]["nfe"] == seed["nfe"] > 0 and seed["gradient_steps"] == 3
+        run = out / "runs" / name / f"lr{entry['chosen_lr']:g}" / "it3" / "seed1"
+        assert json.loads((run / "cell.json").read_text())["status"] == "done"
+        recipe = json.loads((run / "resolved_recipe.json").read_text())
+        assert recipe["surrogate"]["name"] == name and recipe["run"]["seed"] == 1
+    assert summary["target"]["value"] == pytest.approx(
+        summary["methods"]["vgrpo"]["seeds"][0]["reward_start"] + 0.2
     )
+    assert (out / "curves.png").stat().st_size > 1000
+
+    before = _files(out / "runs")
+    assert compare.main([*SMOKE, "--out", str(out)]) == 0
+    second = capsys.readouterr().out
+    assert second.count(": done") == 8 and ": running" not in second and ": resuming" not in second
+    assert "eval @" not in second and "Methods (" in second and "Learning-rate sweep" in second
+    assert _files(out / "runs") == before  # no run directory touched
+    assert json.loads((out / "summary.json").read_text())["methods"] == summary["methods"]
+
+    # the docs' tables come from the summary, between the markers, and nothing else changes
+    render = _load("render")
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"# Title\n\nintro\n\n{render.DOC_BEGIN}\nold table\n{render.DOC_END}\n\n## After\n")
+    args = ["--tables-from", str(out / "summary.json"), "--write-doc", str(doc)]
+    assert compare.main(args) == 0
+    text = doc.read_text()
+    assert text.startswith("# Title\n\nintro\n\n") and text.endswith(f"{render.DOC_END}\n\n## After\n")
+    assert "old table" not in text and "| vgrpo | 0.01 | 2 |" in text and "**Learning-rate sweep**" in text
+    assert compare.main(args) == 0 and doc.read_text() == text  # regenerating changes nothing
+
+
+def test_an_interrupted_cell_resumes_from_its_checkpoint_and_ends_where_an_unbroken_run_does(
+    tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    compare = _compare()
+    args = ["--world", "toy", "--methods", "vgrpo", "--seeds", "0", "--iterations", "4", "--eval-every", "2"]
+    args += ["--set", "log.keep_last=2", "--out", str(tmp_path)]
+    assert compare.main(args) == 0
+    run = tmp_path / "runs" / "vgrpo" / "lr0.01" / "it4" / "seed0"
+    unbroken = (run / "metrics.jsonl").read_text().splitlines()
+    # as if killed after iteration 2's checkpoint: no marker, no later checkpoint
+    (run / "cell.json").unlink()
+    import shutil
+
+    shutil.rmtree(run / "checkpoints" / "iter_000004")
+    capsys.readouterr()
+    assert compare.main(args) == 0
     printed = capsys.readouterr().out
-    table = printed[printed.index("Methods") :]
-    assert "vgrpo" in table and "diffusion_nft" in table
-    (run,) = tmp_path.iterdir()
-    summary = json.loads((run / "summary.json").read_text())
-    assert [row["label"] for row in summary["methods"]] == ["vgrpo", "diffusion_nft"]
-    for row in summary["methods"]:
-        assert len(row["curve"]) == 3  # evaluations at 0, 1, 2
-        assert row["time_train"] > 0 and row["time_rollout"] > 0
-    # each row trained its own surrogate: the runs' resolved recipes say so
-    names = {
-        json.loads((run / d / "resolved_recipe.json").read_text())["surrogate"]["name"]
-        for d in ("vgrpo", "diffusion_nft")
-    }
-    assert names == {"vgrpo", "diffusion_nft"}
-    assert (run / "curves.png").stat().st_size > 1000
+    assert ": resuming" in printed and "eval @0" not in printed and "[3/4]" in printed
+    resumed = (run / "metrics.jsonl").read_text().splitlines()
+    strip = lambda lines, key: [  # noqa: E731 - wall-clock differs, every learned number must not
+        {k: v for k, v in json.loads(x).items() if not k.startswith(("time_", "wall"))}[key]
+        for x in lines
+        if '"eval"' in x
+    ]
+    assert strip(resumed, "reward") == strip(unbroken, "reward")
+
+
+def test_t_intervals_match_the_tables_and_the_selection_rule_is_the_last_two_evaluations():
+    aggregate = _load("aggregate")
+    mean, half = aggregate.t_interval([1.0, 2.0, 3.0])
+    assert mean == 2.0 and half == pytest.approx(4.302653 / math.sqrt(3), rel=1e-6)  # t_{0.975, 2}
+    values = [0.5, 0.7, 0.4, 0.9, 0.6]
+    sd = math.sqrt(sum((v - 0.62) ** 2 for v in values) / 4)
+    assert aggregate.t_interval(values)[1] == pytest.approx(2.776445 * sd / math.sqrt(5), rel=1e-6)
+    assert aggregate.t_interval([0.3]) == (0.3, None)
+    evals = [{"kind": "eval", "iteration": i, "reward": r} for i, r in enumerate([0.1, 0.9, 0.2, 0.4])]
+    assert aggregate.selection_score([*evals, {"kind": "train", "reward": 5.0}]) == pytest.approx(0.3)
+    assert aggregate.selection_score([*evals, {"kind": "eval", "reward": math.nan}]) == -math.inf
+    matrix = _load("matrix")
+    assert matrix.choose_rate({1e-3: [0.5, 0.7], 1e-2: [0.6, 0.6], 3e-2: [-math.inf, 0.9]}) == 1e-3  # tie
+    assert matrix.choose_rate({1e-3: [-math.inf], 1e-2: [-math.inf]}) is None
 
 
 def test_targets_are_reached_where_the_curve_first_crosses_them():
-    compare = _compare()
+    aggregate = _load("aggregate")
     records = [
-        {"kind": "eval", "iteration": 0, "reward": 0.1, "wall_seconds": 0.0},
-        {"kind": "train", "iteration": 1, "gradient_steps": 2, "time_rollout": 1.0},
-        {"kind": "train", "iteration": 2, "gradient_steps": 2, "time_rollout": 1.0},
-        {"kind": "eval", "iteration": 2, "reward": 0.5, "wall_seconds": 7.0},
+        {"kind": "eval", "iteration": 0, "reward": 0.1, "wall_seconds": 0.0, "detail/x": 0.2},
+        {"kind": "train", "iteration": 1, "gradient_steps": 2, "time_rollout": 1.0, "wall_seconds": 3.0},
+        {"kind": "train", "iteration": 2, "gradient_steps": 2, "time_rollout": 1.0, "wall_seconds": 6.0},
+        {"kind": "eval", "iteration": 2, "reward": 0.5, "wall_seconds": 7.0, "detail/x": 0.35},
+        {"kind": "train", "iteration": 3, "gradient_steps": 2, "time_rollout": 1.0, "wall_seconds": 9.0},
+        {"kind": "eval", "iteration": 3, "reward": 0.6, "wall_seconds": 9.5, "detail/x": 0.4},
     ]
+    nfe = [0.0, 10.0, 20.0, 35.0]
+    fig = aggregate.seed_figures(records, nfe, detail="detail/x", target_metric="detail/x", target=0.3)
+    assert (fig["iterations_to_target"], fig["gradient_steps_to_target"]) == (2, 4)
+    assert (fig["nfe_to_target"], fig["wall_to_target"]) == (20.0, 7.0)
+    assert (fig["detail_start"], fig["detail_end"], fig["reward_end"]) == (0.2, 0.4, 0.6)
+    assert fig["time_rollout"] == 3.0 and fig["nfe"] == 35.0 and fig["wall"] == 9.0
+    never = aggregate.seed_figures(records, nfe, detail=None, target_metric="reward", target=0.9)
+    assert not never["reached"] and never["iterations_to_target"] is None
+    both = aggregate.across_seeds([{"seed": 0, **fig}, {"seed": 1, **never}])
+    assert both["reached"] == 1 and both["iterations_to_target"]["mean"] is None  # not every seed reached it
 
-    class Recipe:  # what nfe_per_iteration reads
-        class rollout:  # noqa: N801
-            group_size, prompts_per_iteration, steps = 4, 2, 8
 
-        class train:  # noqa: N801
-            gradient_steps_per_iteration = 2
+@pytest.mark.parametrize(
+    ("method", "gradient_steps"),
+    [
+        ("vgrpo", 1),
+        ("vgrpo", 2),
+        ("flow_grpo", 1),
+        ("mixgrpo", 2),
+        ("dance_grpo", 1),
+        ("flow_grpo_fast", 1),
+        ("diffusion_nft", 2),
+        ("awm_authors", 1),
+    ],
+)
+def test_nfe_per_iteration_counts_the_forwards_a_real_iteration_makes(tmp_path, method, gradient_steps):
+    """Independent count: rows through ``adapter.predict`` during one training iteration."""
+    compare = _compare()
+    nfe = compare.nfe
+    from vgrpo_platform.recipe import resolve_recipe
+    from vgrpo_platform.train import Trainer
 
-        class surrogate:  # noqa: N801
-            name, options = "vgrpo", {"n_mc": 2}
+    overrides = [
+        f"run.output_dir={tmp_path.as_posix()!r}",
+        "log.progress='none'",
+        "log.diagnostics_every=0",
+        f"train.gradient_steps_per_iteration={gradient_steps}",
+        "rollout.steps=6",
+        *compare.METHODS[method],
+    ]
+    if method == "awm_authors":
+        overrides.append("surrogate.options={n_mc=2}")
+    resolved = resolve_recipe(compare.WORLDS["toy"], overrides)
+    trainer = Trainer(resolved)
+    adapter = trainer.session.adapter
+    counted = [0]
+    predict = adapter.predict
 
-    row = {"label": "x", "records": records, "wall": 9.0, "recipe": Recipe}
-    summary = compare.summarise(row, target=0.4)
-    assert (
-        summary["iter_to_target"] == 2
-        and summary["steps_to_target"] == 4
-        and summary["wall_to_target"] == 7.0
-    )
-    assert summary["nfe_to_target"] == 2 * 8 * (8 + 2 * 3)  # 8 samples x (8 sampling + 2 pairs x 3 passes)
-    assert summary["time_rollout"] == 2.0
-    assert compare.summarise(row, target=0.9)["iter_to_target"] is None
+    def counting(z_t, t, cond):  # noqa: ANN001, ANN202
+        counted[0] += z_t.shape[0]
+        return predict(z_t, t, cond)
+
+    adapter.predict = counting
+    trainer.iterate(1)
+    assert counted[0] == nfe.nfe_per_iteration(resolved, 1)

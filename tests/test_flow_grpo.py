@@ -262,3 +262,203 @@ def test_flow_grpo_trains_through_the_loop_with_its_own_sde_rollout(tmp_path):
     assert [r["sde_steps"] for r in records] == [2.0, 2.0]  # MixGRPO window of 2 of the 3 steps
     assert all(r["kl"] >= 0 and math.isfinite(r["loss"]) for r in records)
     assert not any(k.startswith("diag/") for k in records[-1])  # MDP: no ELBO diagnostics
+
+
+# ------------------------------------------------------------------ DanceGRPO and Flow-GRPO-Fast
+
+
+def dance_flux_step(z, v, sigma, sigma_next, eta):  # noqa: ANN001, ANN201
+    """DanceGRPO's ``flux_step`` (XueZeyue/DanceGRPO, fastvideo/train_grpo_flux.py), term by term."""
+    dsigma = sigma_next - sigma
+    mean = z + dsigma * v
+    x0 = z - sigma * v
+    score = -(z - x0 * (1 - sigma)) / sigma**2
+    mean = mean + (-0.5 * eta**2 * score) * dsigma
+    return mean, eta * math.sqrt(sigma - sigma_next)
+
+
+def test_dance_grpo_step_is_its_flux_step_and_its_rollout_log_probs_are_those_gaussians():
+    from vgrpo_platform.surrogates.plugin import DanceGRPOConfig
+
+    adapter = TinyAdapter()
+    surrogate = FlowGRPOSurrogate(DanceGRPOConfig())
+    assert surrogate.config.noise_level == 0.3 and surrogate.initial_noise == "group"
+    batch = make_batch(adapter, surrogate, steps=5)
+    traj, grid, old = batch.extras["trajectory"], batch.extras["timesteps"], batch.extras["old_log_prob"]
+    with torch.no_grad():
+        for j in range(5):
+            sigma, sigma_next = float(grid[0, j]), float(grid[0, j + 1])
+            v = adapter.predict(traj[:, j], grid[:, j].to(DT), batch.cond)
+            mean, std = dance_flux_step(traj[:, j], v, sigma, sigma_next, 0.3)
+            want = Normal(mean, std).log_prob(traj[:, j + 1]).mean(dim=(1, 2))
+            assert torch.allclose(old[:, j], want, atol=1e-6), j
+
+
+def test_dance_grpo_trains_a_random_subset_of_the_steps_but_the_last_per_sample():
+    from vgrpo_platform.surrogates.plugin import DanceGRPOConfig
+
+    adapter = TinyAdapter()
+    steps = 11
+    surrogate = FlowGRPOSurrogate(DanceGRPOConfig())
+    batch = make_batch(adapter, surrogate, steps=steps)
+    surrogate.prepare(batch, adapter, torch.Generator().manual_seed(3))
+    mask = batch.extras["train_mask"] > 0  # [4, 11]
+    assert mask.sum(dim=1).tolist() == [6] * 4  # int(0.6 * 10): DanceGRPO's int(len(steps) * fraction)
+    assert not mask[:, -1].any()  # the last step is never trained
+    assert len({tuple(row.tolist()) for row in mask}) > 1  # each sample draws its own subset
+    # the subsets are uniform: over many draws every one of the 10 steps is trained 60% of the time
+    from vgrpo_platform.surrogates.flow_grpo import random_step_subset
+
+    candidates = torch.ones(20_000, steps, dtype=torch.bool)
+    candidates[:, -1] = False
+    draws = random_step_subset(candidates, 0.6, torch.Generator().manual_seed(0))
+    freq = draws[:, :-1].float().mean(dim=0)
+    assert torch.all((freq - 0.6).abs() < 0.015), freq
+    assert torch.all(draws.sum(dim=1) == 6)
+
+
+def test_dance_grpo_gradient_is_the_mean_over_each_samples_own_steps():
+    from vgrpo_platform.surrogates.plugin import DanceGRPOConfig
+
+    adapter = TinyAdapter()
+    surrogate = FlowGRPOSurrogate(DanceGRPOConfig())
+    batch = make_batch(adapter, surrogate, steps=6)
+    surrogate.prepare(batch, adapter, torch.Generator().manual_seed(4))
+    loss, metrics = surrogate.loss(batch, adapter)
+    assert metrics["sde_steps"] == 3.0 and metrics["ratio_min"] == pytest.approx(1.0, abs=1e-12)
+    params = list(adapter.denoiser.parameters())
+    got = torch.autograd.grad(loss, params)
+    # independent: DanceGRPO's loop, one sample at a time, loss / train_timesteps summed over its steps
+    traj, grid = batch.extras["trajectory"], batch.extras["timesteps"].to(DT)
+    mask = batch.extras["train_mask"] > 0
+    adv = batch.advantages.clamp(-5, 5)
+    total = 0.0
+    for i in range(4):
+        for j in torch.nonzero(mask[i]).flatten().tolist():
+            sigma, sigma_next = float(grid[i, j]), float(grid[i, j + 1])
+            v = adapter.predict(traj[i : i + 1, j], grid[i : i + 1, j], {"emb": batch.cond["emb"][i : i + 1]})
+            mean, std = dance_flux_step(traj[i : i + 1, j], v, sigma, sigma_next, 0.3)
+            lp = Normal(mean, std).log_prob(traj[i : i + 1, j + 1]).mean()
+            total = total - adv[i] * lp / 3 / 4
+    want = torch.autograd.grad(total, params)
+    for a, b in zip(got, want, strict=True):
+        assert torch.allclose(a, b, rtol=1e-6, atol=1e-9)
+
+
+def test_group_shared_initial_noise_copies_each_groups_first_draw_and_leaves_other_draws_alone():
+    from vgrpo_platform.rollout import generate_with_extras, share_within_groups
+
+    noise = torch.randn(6, 2, generator=torch.Generator().manual_seed(0))
+    shared = share_within_groups(noise, 3)
+    assert torch.equal(shared[:3], noise[0].expand(3, 2)) and torch.equal(shared[3:], noise[3].expand(3, 2))
+
+    class Toy:  # what generate_with_extras needs: the sampled latents are the initial noise itself
+        def latent_shape(self):  # noqa: ANN202
+            return (2, 3)
+
+        def encode_prompts(self, prompts):  # noqa: ANN001, ANN202
+            return {"emb": torch.zeros(len(prompts), 2)}
+
+        def sample(self, noise, cond, sampler):  # noqa: ANN001, ANN202
+            return noise
+
+        def decode(self, latents):  # noqa: ANN001, ANN202
+            from vgrpo_platform.protocols import Samples
+
+            return Samples("image", latents)
+
+    def run(scope, window=None):  # noqa: ANN001, ANN202
+        g = torch.Generator().manual_seed(7)
+        out = generate_with_extras(
+            Toy(),
+            ["a", "b", "c"],
+            group_size=4,
+            sampler=SamplerSpec(),
+            generator=g,
+            chunk_size=5,
+            device="cpu",
+            noise_scope=scope,
+            noise_window=window,
+        )
+        return out[3], g.get_state()
+
+    per_sample, state_a = run("sample")
+    per_group, state_b = run("group")
+    assert torch.equal(state_a, state_b)  # the same numbers are drawn whatever the scope
+    assert torch.equal(per_group, per_sample[[0] * 4 + [4] * 4 + [8] * 4])
+    assert len({tuple(x.flatten().tolist()) for x in per_group}) == 3
+    # a data-parallel rank holding groups 1-2 of 3 gets exactly the single-process rows
+    part, _ = run("group", window=(4, 12))
+    assert torch.equal(part[:8], per_group[4:])
+
+
+def test_flow_grpo_fast_branches_once_per_iteration_at_a_uniform_early_step():
+    from vgrpo_platform.surrogates.flow_grpo import random_window_start
+    from vgrpo_platform.surrogates.plugin import FlowGRPOFastConfig
+
+    cfg = FlowGRPOFastConfig()
+    assert cfg.window_size == 2 and cfg.kl_beta == 0 and cfg.shared_initial_noise
+    g = torch.Generator().manual_seed(0)
+    starts = torch.tensor([random_window_start(10, cfg, g) for _ in range(6000)])
+    # Flow-GRPO's random.randint(0, 10 // 2 - 2): uniform on {0, 1, 2, 3}
+    counts = torch.bincount(starts, minlength=4).float() / len(starts)
+    assert starts.max() == 3 and torch.all((counts - 0.25).abs() < 0.03), counts
+    adapter = TinyAdapter()
+    surrogate = FlowGRPOSurrogate(cfg)
+    surrogate.begin_iteration(1)
+    a = make_batch(adapter, surrogate, steps=8, seed=1)
+    b = make_batch(adapter, surrogate, steps=8, seed=2)
+    assert torch.equal(a.extras["sde_mask"], b.extras["sde_mask"])  # one branch per iteration
+    (window,) = {tuple(torch.nonzero(row).flatten().tolist()) for row in a.extras["sde_mask"]}
+    assert len(window) == 2 and window[0] <= 2 and window[1] == window[0] + 1  # inside the first half
+    surrogate.prepare(a, adapter, torch.Generator())
+    _, metrics = surrogate.loss(a, adapter)
+    assert metrics["sde_steps"] == 2.0
+    seen = set()
+    for it in range(2, 40):
+        surrogate.begin_iteration(it)
+        seen.add(int(make_batch(adapter, surrogate, steps=8, seed=it).extras["sde_mask"][0].argmax()))
+    assert seen == {0, 1, 2}  # a new branch each iteration: every start in [0, 8 // 2 - 2]
+
+
+def test_flow_grpo_leaves_the_last_step_out_when_asked_and_masks_its_kl_too():
+    adapter = TinyAdapter()
+    enable_full_finetune(adapter.denoiser)
+    surrogate = FlowGRPOSurrogate(FlowGRPOConfig(train_last_step=False, kl_beta=0.5))
+    batch = make_batch(adapter, surrogate)
+    surrogate.prepare(batch, adapter, torch.Generator())
+    assert batch.extras["train_mask"][0].tolist() == [1, 1, 1, 0]
+    assert torch.all(batch.extras["ref_mean"][:, 3] == 0)  # no reference forward on the untrained step
+    _, metrics = surrogate.loss(batch, adapter)
+    assert metrics["sde_steps"] == 3.0
+
+
+@pytest.mark.parametrize("name", ["dance_grpo", "flow_grpo_fast"])
+def test_the_flow_grpo_presets_train_through_the_loop(tmp_path, name):
+    from vgrpo_platform.metrics import read_metrics
+    from vgrpo_platform.recipe import resolve_recipe
+    from vgrpo_platform.train import Trainer
+
+    toy = Path(__file__).resolve().parents[1] / "recipes" / "toy.toml"
+    overrides = [
+        f"run.output_dir={tmp_path.as_posix()!r}",
+        f"surrogate.name={name!r}",
+        "log.progress='none'",
+        "log.save_grids=false",
+        "train.iterations=2",
+        "train.micro_batch_size=2",
+        "eval.every=0",
+        "eval.max_prompts=1",
+        "eval.samples_per_prompt=1",
+        "rollout.group_size=4",
+        "rollout.prompts_per_iteration=1",
+        "rollout.steps=6",
+    ]
+    trainer = Trainer(resolve_recipe(toy, overrides))
+    before = {k: p.detach().clone() for k, p in trainer.session.trainable.items()}
+    run_dir = trainer.run()
+    assert any(not torch.equal(p.detach(), before[k]) for k, p in trainer.session.trainable.items())
+    records = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "train"]
+    want = 3.0 if name == "dance_grpo" else 2.0  # int(0.6 * 5) random steps; a 2-step branch
+    assert [r["sde_steps"] for r in records] == [want, want]
+    assert all(math.isfinite(r["loss"]) for r in records)

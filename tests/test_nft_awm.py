@@ -232,9 +232,135 @@ def test_the_baselines_register_with_documented_options():
     register_surrogates(
         lambda name, factory, config, summary="": seen.update({name: (factory, config, summary)})
     )
-    expected = {"flow_grpo": FlowGRPOSurrogate, "diffusion_nft": DiffusionNFTSurrogate, "awm": AWMSurrogate}
+    expected = {
+        "flow_grpo": FlowGRPOSurrogate,
+        "dance_grpo": FlowGRPOSurrogate,
+        "flow_grpo_fast": FlowGRPOSurrogate,
+        "diffusion_nft": DiffusionNFTSurrogate,
+        "awm": AWMSurrogate,
+        "awm_authors": AWMSurrogate,
+    }
     for name, cls in expected.items():
         factory, config, summary = seen[name]
         assert summary and isinstance(factory(config(), None), cls)
         assert all(f.description for f in config.model_fields.values()), name
     assert FlowGRPOConfig().kl_beta == 0.04 and FlowGRPOConfig().clip_range == 1e-4
+
+
+# ------------------------------------------------------------------ AWM as its authors ship it
+
+
+def test_ghuber_is_awms_written_out_weighting_and_the_grid_is_diffusers_own():
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    from vgrpo_platform.surrogates.awm import diffusers_flow_grid, ghuber
+
+    mse = torch.tensor([0.0, 1e-4, 0.3, 2.0], dtype=DT)
+    t = torch.tensor([1.0, 0.7, 0.5, 0.36], dtype=DT)
+    p = 0.25
+    # scxue/advantage_weighted_matching compute_log_prob_awm, weighting 'ghuber' (log_prob = -that)
+    log_prob = -(torch.pow(mse + 1e-10, p) - torch.pow(torch.tensor(1e-10, dtype=DT), p)) * t / p
+    assert torch.allclose(ghuber(mse, t, p), -log_prob)
+    assert ghuber(mse, t, p)[0] == 0.0
+    assert torch.allclose(ghuber(mse, t, 1.0), t * mse)  # p = 1: back to the t-weighted error
+    for shift in (1.0, 3.0):
+        scheduler = FlowMatchEulerDiscreteScheduler(shift=shift)
+        scheduler.set_timesteps(14)
+        grid = diffusers_flow_grid(14, RectifiedFlowSchedule(shift=shift).warp)
+        assert torch.allclose(grid.float(), scheduler.sigmas[:-1], atol=1e-6)
+    sd3 = diffusers_flow_grid(14, RectifiedFlowSchedule(shift=3.0).warp)
+    assert float(sd3[0]) == 1.0 and float(sd3[11]) == pytest.approx(0.357, abs=1e-3)  # AWM's first 90%
+
+
+def test_awm_grid_timesteps_follow_the_authors_stratified_discrete_rule():
+    from vgrpo_platform.surrogates.awm import stratified_grid_indices
+
+    for low in (0, 1):  # 'discrete' and 'discrete_wo_init' (boundaries from 1)
+        idx = stratified_grid_indices(4000, 6, low, 12, torch.Generator().manual_seed(0))
+        # the authors' boundaries: torch.linspace(low, 12, 7).long()
+        bounds = torch.linspace(low, 12, 7).long()
+        for k in range(6):
+            lo, hi = int(bounds[k]), int(bounds[k + 1])
+            col = idx[:, k]
+            assert int(col.min()) == lo and int(col.max()) == max(hi - 1, lo), (low, k)
+            counts = torch.bincount(col - lo, minlength=hi - lo).float() / len(col)
+            assert torch.all((counts - 1 / (hi - lo)).abs() < 0.03)  # uniform within the stratum
+    adapter = TinyAdapter(shift=3.0)
+    batch = make_batch([1.0, -1.0, 0.5, -0.5], group_ids=[0, 0, 1, 1])
+    from vgrpo_platform.surrogates.plugin import AWMAuthorsConfig
+
+    AWMSurrogate(AWMAuthorsConfig()).prepare(batch, adapter, torch.Generator().manual_seed(1))
+    t = batch.extras["t"]
+    assert t.shape == (4, 6) and float(t.max()) <= 1.0 and float(t.min()) >= 0.357 - 1e-3
+    assert not torch.equal(t[0], t[1])  # pair_scope 'sample': AWM shares only inside a shuffled micro-batch
+
+
+def authors_loss(adapter, batch, cfg, ref: TinyAdapter, ema: TinyAdapter):  # noqa: ANN001, ANN201
+    """AWM's loss on-policy written out per sample and pair in velocity space (ratio 1, exp_first)."""
+    t, eps = batch.extras["t"], batch.extras["eps"]
+    adv = batch.advantages.clamp(-5, 5) / 5
+    b, k = t.shape
+    total = 0.0
+    for i in range(b):
+        x0, cond = batch.latents[i], {"emb": batch.cond["emb"][i : i + 1]}
+        for j in range(k):
+            tj = t[i, j]
+            z = (1 - tj) * x0 + tj * eps[i, j]
+            v = adapter.predict(z[None], tj[None], cond)[0]
+            with torch.no_grad():
+                v_ref = ref.predict(z[None], tj[None], cond)[0]
+                v_ema = ema.predict(z[None], tj[None], cond)[0]
+            mse = ((v - (eps[i, j] - x0)) ** 2).mean()
+            log_prob = -(torch.pow(mse + 1e-10, 0.25) - 1e-10**0.25) * tj / 0.25
+            ratio = torch.exp(log_prob - log_prob.detach())
+            policy = torch.maximum(-adv[i] * ratio, -adv[i] * ratio.clamp(0.0, 2.0))
+            kl = ((v - v_ref) ** 2).mean()
+            ema_kl = ((v - v_ema) ** 2).mean()
+            total = total + (policy + cfg.kl_beta * kl + cfg.ema_beta * ema_kl) / (b * k)
+    return total
+
+
+def test_awm_authors_gradient_is_the_authors_loss_with_its_ema_and_reference_penalties():
+    from vgrpo_platform.finetune import enable_full_finetune
+    from vgrpo_platform.surrogates.plugin import AWMAuthorsConfig
+
+    adapter = TinyAdapter(shift=3.0)
+    enable_full_finetune(adapter.denoiser)  # the reference = the initial weights
+    ref = TinyAdapter(shift=3.0)
+    cfg = AWMAuthorsConfig(n_mc=3)
+    surrogate = AWMSurrogate(cfg)
+    batch = make_batch([7.0, -0.7, 0.3, -2.0], group_ids=[0, 0, 1, 1])
+    surrogate.prepare(batch, adapter, torch.Generator().manual_seed(2))  # EMA starts at these weights
+    with torch.no_grad():
+        adapter.denoiser.weight.add_(0.05)  # one optimiser step away from the EMA and the reference
+    surrogate.after_step(adapter)
+    surrogate.prepare(batch, adapter, torch.Generator().manual_seed(2))  # the EMA moves once: decay 0.001
+    ema = TinyAdapter(shift=3.0)
+    with torch.no_grad():
+        ema.denoiser.weight.add_(0.05 * (1 - 0.001))
+    assert surrogate.ema_decay() == pytest.approx(0.001)
+    assert torch.allclose(surrogate.ema.state["weight"], ema.denoiser.weight)
+    surrogate.prepare(batch, adapter, torch.Generator().manual_seed(2))  # no step since: no move
+    assert torch.allclose(surrogate.ema.state["weight"], ema.denoiser.weight)
+    loss, metrics = surrogate.loss(batch, adapter)
+    want = authors_loss(adapter, batch, cfg, ref, ema)
+    assert float(loss.detach()) == pytest.approx(float(want.detach()), rel=1e-9)
+    assert torch.allclose(grads(loss, adapter.denoiser), grads(want, adapter.denoiser), rtol=1e-7, atol=1e-12)
+    assert metrics["kl"] > 0 and metrics["ema_penalty"] > 0
+    assert [surrogate.config.adv_clip, surrogate.config.adv_scale] == [5.0, 0.2]
+
+
+def test_awm_ema_decay_is_min_of_point_three_and_a_thousandth_per_step():
+    surrogate = AWMSurrogate(AWMConfig(ema_beta=1.0))
+    decays = []
+    for step in (1, 100, 299, 300, 1000):
+        surrogate.steps_done = step
+        decays.append(surrogate.ema_decay())
+    assert decays == pytest.approx([0.001, 0.1, 0.299, 0.3, 0.3])
+
+
+def test_awm_authors_trains_through_the_loop(tmp_path):
+    records, trainer = tiny_toy_run(tmp_path / "awm_authors", "awm_authors", "surrogate.options.n_mc=2")
+    assert trainer.session.surrogate.steps_done == 4
+    assert all(r["ema_penalty"] >= 0 and math.isfinite(r["loss"]) for r in records)
+    assert records[-1]["ema_decay"] == pytest.approx(0.0025)  # mean over steps 2 and 3 (0.002, 0.003)

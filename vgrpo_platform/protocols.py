@@ -168,6 +168,10 @@ class Surrogate(Protocol):
     - ``plan_updates(gradient_steps: int) -> None``: told once, before training, how many optimiser
       steps each batch gets (0 = unknown). With 1, ``loss`` runs on the old policy itself, so
       ``prepare`` may leave the old policy's forward to ``loss`` (one forward pass fewer per sample).
+
+    Optional attribute: ``initial_noise: "sample" | "group"`` (default ``"sample"``): ``"group"`` asks
+    for one initial noise per prompt group in training rollouts (DanceGRPO, Flow-GRPO-Fast;
+    ``rollout.generate_with_extras``'s ``noise_scope``).
     """
 
     def prepare(self, batch: RolloutBatch, adapter: Adapter, generator: torch.Generator) -> None:

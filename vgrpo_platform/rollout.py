@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 import torch
 
@@ -22,6 +23,20 @@ def concat_samples(parts: Sequence[Samples]) -> Samples:
         sample_rate=first.sample_rate,
         fps=first.fps,
     )
+
+
+NoiseScope = Literal["sample", "group"]
+
+
+def share_within_groups(noise: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Every row takes the noise of its group's first row: ``[N, *L]`` -> ``[N, *L]``.
+
+    Rows ``g * group_size ..`` form group ``g`` (the loop's layout), so the draw itself is unchanged:
+    the generator yields the same numbers whichever scope a surrogate asks for, and one noise per group
+    is the first draw of its block.
+    """
+    first = torch.arange(noise.shape[0]) // group_size * group_size  # [N]
+    return noise[first]
 
 
 RolloutFn = Callable[
@@ -76,17 +91,24 @@ def generate_with_extras(
     device: torch.device | str,
     rollout_fn: RolloutFn | None = None,
     noise_window: tuple[int, int] | None = None,
+    noise_scope: NoiseScope = "sample",
 ) -> tuple[torch.Tensor, Conditioning, torch.Tensor, torch.Tensor, Samples, dict[str, torch.Tensor]]:
     """``generate`` with an optional surrogate sampler (an SDE that records per-step log-probs).
 
     With ``rollout_fn`` each chunk is sampled by it instead of ``adapter.sample``, drawing its step
     noise from ``generator`` after the initial noise; its extras are concatenated along the batch.
+    ``noise_scope = "group"`` gives every sample of a prompt the same initial noise (DanceGRPO,
+    Flow-GRPO-Fast; a surrogate asks for it with ``initial_noise = "group"``), from the same draw.
     Returns ``generate``'s tuple plus ``extras`` (empty without ``rollout_fn``).
     """
     group_ids = torch.arange(len(prompts)).repeat_interleave(group_size)  # [B]
     cond = repeat_conditioning(adapter.encode_prompts(list(prompts)), group_ids)
     start, total = noise_window if noise_window is not None else (0, len(group_ids))
     noise = torch.randn((total, *adapter.latent_shape()), generator=generator)  # [N, *L]
+    if noise_scope == "group":  # the window starts on a group boundary (whole groups per rank)
+        noise = share_within_groups(noise, group_size)
+    elif noise_scope != "sample":
+        raise ValueError(f"unknown noise_scope {noise_scope!r}; expected 'sample' or 'group'")
     noise = noise[start : start + len(group_ids)]  # [B, *L]
     if len(noise) < len(group_ids):  # padding rows past the window (lockstep_rows): any noise will do
         noise = torch.cat([noise, noise.new_zeros((len(group_ids) - len(noise), *noise.shape[1:]))])

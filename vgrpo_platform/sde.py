@@ -10,6 +10,10 @@ Pure tensor math (docs/method.md section 6, ``flow_grpo``'s ``sde_step_with_logp
   ``1 - t_cap`` (Flow-GRPO uses the second grid point) so the first step stays finite;
 - ``z_next = mu + s sqrt(-dt) eps``, so one step is the Gaussian ``N(mu, s^2 |dt| I)``.
 
+DanceGRPO's step is the same SDE with a constant diffusion ``s(t) = eta`` (``constant_diffusion``,
+``eta = 0.3``): its ``flux_step`` writes the drift through the score of ``x0_hat = z - t v``, which
+is ``-(z + (1 - t) v) / t`` again, and its step std is ``eta sqrt(t - t_next)``.
+
 Log-probabilities are *averaged* over the latent dimensions, as every peer does, so their scale
 does not depend on the resolution.
 """
@@ -31,6 +35,11 @@ def sde_diffusion(
     """``s(t) = a sqrt(t / (1 - min(t, t_cap)))`` ``[B]``; ``t_cap=None`` = no cap (``t < 1`` required)."""
     denom_t = t if t_cap is None else t.clamp_max(t_cap)
     return noise_level * torch.sqrt(t / (1 - denom_t))
+
+
+def constant_diffusion(t: torch.Tensor, eta: float) -> torch.Tensor:
+    """DanceGRPO's ``s(t) = eta`` ``[B]``: finite at ``t = 1``, so it needs no cap."""
+    return torch.full_like(t, eta)
 
 
 def sde_step_mean(

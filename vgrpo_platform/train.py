@@ -364,6 +364,7 @@ class Trainer:
                 device=self.device,
                 rollout_fn=self._surrogate_rollout(),  # MDP baselines sample their own SDE
                 noise_window=(first_row, len(prompts) * group_size),
+                noise_scope=getattr(session.surrogate, "initial_noise", "sample"),  # DanceGRPO: per group
             )
             group_ids = local_ids + block.start  # ids in the global batch
             t1 = time.perf_counter()

@@ -2,8 +2,9 @@
 
 ``vgrpo`` is the method; ``elbo_naive`` is the same estimator with the three variance-reduction
 techniques off (independent pairs per sample, i.i.d. timesteps, plain MSE), the paper's baseline
-that oscillates or diverges. ``flow_grpo`` (with MixGRPO's window as an option), ``diffusion_nft``
-and ``awm`` are the baselines of docs/method.md section 6, behind the same interfaces.
+that oscillates or diverges. ``flow_grpo`` (with MixGRPO's window as an option), ``dance_grpo`` and
+``flow_grpo_fast`` (presets of its options), ``diffusion_nft``, ``awm`` and ``awm_authors`` (AWM as its
+authors ship it) are the baselines of docs/method.md section 6, behind the same interfaces.
 """
 
 from __future__ import annotations
@@ -124,6 +125,70 @@ class FlowGRPOConfig(PluginConfig):
     window_stride: int = Field(
         1, ge=1, description="MixGRPO: steps the window moves each time (wraps around)."
     )
+    window_placement: Literal["sliding", "random"] = Field(
+        "sliding",
+        description="'sliding' = MixGRPO's schedule; 'random' = Flow-GRPO-Fast: a uniform start in "
+        "[0, int(window_range * steps) - window_size], drawn once per iteration from the rollout generator.",
+    )
+    window_range: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="'random' placement: the window lies in this first fraction of the steps.",
+    )
+    diffusion: Literal["flow_grpo", "constant"] = Field(
+        "flow_grpo",
+        description="SDE diffusion s(t): 'flow_grpo' = a sqrt(t / (1 - t)), 'constant' = a (DanceGRPO).",
+    )
+    shared_initial_noise: bool = Field(
+        False,
+        description="One initial noise per prompt group (DanceGRPO, Flow-GRPO-Fast's branching); "
+        "False = one per sample.",
+    )
+    train_last_step: bool = Field(
+        True,
+        description="Train the last SDE step (to t = 0); False = leave it out as DanceGRPO and "
+        "Flow-GRPO's timestep_fraction 0.99 do.",
+    )
+    train_fraction: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="Train a random subset of int(fraction * n) of each sample's n trainable steps, "
+        "redrawn per sample every iteration (DanceGRPO: 0.6); 1 = all.",
+    )
+
+
+class DanceGRPOConfig(FlowGRPOConfig):
+    """DanceGRPO (docs/method.md section 6): constant SDE noise 0.3, one initial noise per group, a
+    random 60% of the steps trained per sample, no KL."""
+
+    noise_level: float = Field(0.3, gt=0, description="eta, the constant s(t) of the SDE (DanceGRPO: 0.3).")
+    diffusion: Literal["flow_grpo", "constant"] = Field("constant", description="s(t) = eta (DanceGRPO).")
+    shared_initial_noise: bool = Field(True, description="One initial noise per prompt group (DanceGRPO).")
+    train_last_step: bool = Field(False, description="DanceGRPO never trains the last step.")
+    train_fraction: float = Field(
+        0.6, gt=0, le=1, description="Random share of the other steps trained per sample (DanceGRPO: 0.6)."
+    )
+    kl_beta: float = Field(0.0, ge=0, description="DanceGRPO trains without a KL term.")
+
+
+class FlowGRPOFastConfig(FlowGRPOConfig):
+    """Flow-GRPO-Fast (docs/method.md section 6): ODE everywhere but a 2-step SDE branch at a random
+    step of the first half, trained alone; the group shares its initial noise (and so its ODE prefix)."""
+
+    window_size: int | None = Field(2, ge=1, description="SDE (and trained) steps of the branch.")
+    window_placement: Literal["sliding", "random"] = Field(
+        "random", description="A random branch step each iteration (Flow-GRPO-Fast)."
+    )
+    window_range: float = Field(
+        0.5, gt=0, le=1, description="The branch lies in the first half of the steps (Flow-GRPO-Fast)."
+    )
+    shared_initial_noise: bool = Field(
+        True, description="One initial noise per group: the group branches off one ODE trajectory."
+    )
+    clip_range: float = Field(1e-5, gt=0, description="Per-step PPO ratio clip (Flow-GRPO-Fast: 1e-5).")
+    kl_beta: float = Field(0.0, ge=0, description="Flow-GRPO-Fast trains without a KL term.")
 
 
 class DiffusionNFTConfig(PluginConfig):
@@ -177,6 +242,53 @@ class AWMConfig(PluginConfig):
     )
     t_min: float = Field(1e-3, ge=0, lt=1, description="Lower clamp of drawn timesteps.")
     t_max: float = Field(1.0 - 1e-3, gt=0, le=1, description="Upper clamp of drawn timesteps.")
+    weighting: Literal["uniform", "ghuber"] = Field(
+        "uniform",
+        description="Per-pair loss: 'uniform' = the plain error l; 'ghuber' = "
+        "t ((l + 1e-10)^p - 1e-10^p) / p (AWM's generalised Huber, p = ghuber_power).",
+    )
+    ghuber_power: float = Field(
+        0.25, gt=0, le=1, description="p of the generalised Huber weighting (AWM: 0.25)."
+    )
+    ema_beta: float = Field(
+        0.0, ge=0, description="Weight of mean |v_theta - v_ema|^2 toward an EMA copy of the policy (AWM: 1)."
+    )
+    ema_rate: float = Field(1e-3, ge=0, description="EMA decay = min(ema_max, ema_rate * optimiser steps)...")
+    ema_max: float = Field(0.3, ge=0, lt=1, description="...capped here (AWM: min(0.3, 0.001 step)).")
+    timestep_grid: int | None = Field(
+        None,
+        ge=1,
+        description="Draw t from this many points of diffusers' flow-matching grid (AWM: 14), one per "
+        "stratum of grid indices (always stratified, no t_min/t_max clamp); null = continuous draws.",
+    )
+    timestep_fraction: float = Field(
+        1.0, gt=0, le=1, description="Only the first int(fraction * grid) grid points (AWM: 0.9)."
+    )
+    grid_skip_first: bool = Field(
+        False, description="Leave grid point 0 (t = 1) out, as AWM's 'discrete_wo_init' does."
+    )
+    adv_clip: float | None = Field(
+        None, gt=0, description="Advantages are clamped to [-adv_clip, adv_clip] (AWM: 5); null = not."
+    )
+    adv_scale: float = Field(1.0, gt=0, description="...then multiplied by this (AWM: 1/5).")
+
+
+class AWMAuthorsConfig(AWMConfig):
+    """AWM as its authors ship it (scxue/advantage_weighted_matching, docs/method.md section 6)."""
+
+    n_mc: int = Field(6, ge=1, description="Timesteps per sample (AWM: train_timesteps = 6).")
+    pair_scope: Literal["group", "batch", "sample"] = Field(
+        "sample", description="AWM shares timesteps only inside a shuffled micro-batch: 'sample' here."
+    )
+    weighting: Literal["uniform", "ghuber"] = Field("ghuber", description="Generalised Huber weighting.")
+    ema_beta: float = Field(1.0, ge=0, description="Weight of the EMA penalty (AWM: 1).")
+    timestep_grid: int | None = Field(14, ge=1, description="AWM's 14-step sampling grid.")
+    timestep_fraction: float = Field(0.9, gt=0, le=1, description="Its first 90%: grid points 0..11.")
+    adv_clip: float | None = Field(5.0, gt=0, description="Advantages clamped to +-5 (AWM).")
+    adv_scale: float = Field(0.2, gt=0, description="...and scaled by 1/5 (AWM: advantage_max 1 / 5).")
+    kl_beta: float = Field(
+        1e-3, ge=0, description="Velocity KL to the reference (AWM: 1e-4 PickScore, 1e-3 GenEval, 3e-3 OCR)."
+    )
 
 
 def build_flow_grpo(config: FlowGRPOConfig, context: Any = None) -> Any:
@@ -206,6 +318,19 @@ def _register_baselines(register):  # noqa: ANN001 - the host's Register callabl
         summary="Flow-GRPO: SDE rollouts, per-step Gaussian log-probs and PPO-clip (MixGRPO window option).",
     )
     register(
+        "dance_grpo",
+        build_flow_grpo,
+        DanceGRPOConfig,
+        summary="DanceGRPO: Flow-GRPO with constant SDE noise, group-shared initial noise, a random "
+        "subset of steps trained.",
+    )
+    register(
+        "flow_grpo_fast",
+        build_flow_grpo,
+        FlowGRPOFastConfig,
+        summary="Flow-GRPO-Fast: ODE rollouts with a short SDE branch at a random early step, trained alone.",
+    )
+    register(
         "diffusion_nft",
         build_nft,
         DiffusionNFTConfig,
@@ -216,4 +341,10 @@ def _register_baselines(register):  # noqa: ANN001 - the host's Register callabl
         build_awm,
         AWMConfig,
         summary="AWM: advantage-weighted flow-matching loss, shared stratified timesteps, independent noise.",
+    )
+    register(
+        "awm_authors",
+        build_awm,
+        AWMAuthorsConfig,
+        summary="AWM as its authors ship it: generalised-Huber weighting, EMA penalty, grid timesteps.",
     )

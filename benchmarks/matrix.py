@@ -1,0 +1,160 @@
+"""The benchmark as resumable cells: one run directory per (method, learning rate, budget, seed).
+
+A cell runs once. Its directory ``OUT/runs/<method>/lr<lr>/it<iterations>/seed<seed>`` holds the run
+and, when it finished, ``cell.json`` (the settings it ran with, the commit, ``done`` or ``failed``).
+A later invocation skips every cell with a matching ``cell.json``, resumes a cell that has checkpoints
+but no marker through the trainer's ``--resume`` path (``Trainer(resolved, resume=True)``), and starts
+the others. A run that stops on a training fault (for example a non-finite loss at a too high rate)
+is marked ``failed`` and scores ``-inf`` in the sweep; Ctrl-C leaves it resumable.
+
+Two phases. The sweep runs every learning rate on the sweep seeds with the short budget and picks
+each method's rate by ``aggregate.selection_score`` (mean held-out reward of the last two
+evaluations), averaged over the sweep seeds; ties go to the smaller rate. The seeds phase runs the
+chosen rate on every seed with the full budget. Cells with the same method, rate, budget and seed are
+the same directory, so a sweep cell is reused when the two budgets agree.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+MARKER = "cell.json"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of the matrix; ``overrides`` are the method's own recipe overrides."""
+
+    method: str
+    lr: float
+    seed: int
+    iterations: int
+    overrides: tuple[str, ...]
+
+    def directory(self, out: Path) -> Path:
+        return (
+            out / "runs" / slug(self.method) / f"lr{self.lr:g}" / f"it{self.iterations}" / f"seed{self.seed}"
+        )
+
+    def settings(self, common: Sequence[str]) -> list[str]:
+        """The recipe overrides that define the run: the shared settings, then the cell's own."""
+        return [
+            *common,
+            f"train.iterations={self.iterations}",
+            f"train.lr={self.lr!r}",
+            f"run.seed={self.seed}",
+            *self.overrides,
+        ]
+
+    def recipe_overrides(self, common: Sequence[str], out: Path) -> list[str]:
+        """``settings`` plus where the run lives."""
+        run_dir = self.directory(out)
+        where = [f"run.output_dir={run_dir.parent.as_posix()!r}", f"run.name={run_dir.name!r}"]
+        return [*where, *self.settings(common)]
+
+
+def slug(label: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in label).strip("_")
+
+
+def git_commit(root: Path) -> str:
+    """``HEAD``'s hash, with ``-dirty`` when tracked files differ from it; ``unknown`` outside git."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("-dirty" if dirty else "")
+
+
+def read_marker(run_dir: Path) -> dict[str, Any] | None:
+    path = run_dir / MARKER
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def status(cell: Cell, settings: list[str], out: Path) -> str:
+    """``done``, ``failed`` (finished: skipped), ``resume`` (checkpoints, no marker) or ``new``."""
+    from vgrpo_platform.checkpoint import list_checkpoints
+
+    run_dir = cell.directory(out)
+    marker = read_marker(run_dir)
+    if marker is not None:
+        if marker["settings"] != settings:
+            raise SystemExit(
+                f"{run_dir} finished with other settings than this invocation's "
+                f"({sorted(set(marker['settings']) ^ set(settings))}); choose another --out"
+            )
+        return marker["status"]
+    return "resume" if list_checkpoints(run_dir) else "new"
+
+
+def run_cell(
+    cell: Cell, recipe: Path, common: Sequence[str], out: Path, commit: str, say: Callable[[str], None]
+) -> str:
+    """Bring one cell to an end: skip it, resume it or run it; returns its final status."""
+    from vgrpo_platform.errors import VgrpoError
+    from vgrpo_platform.recipe import resolve_recipe
+    from vgrpo_platform.train import Trainer
+
+    settings = cell.settings(common)
+    state = status(cell, settings, out)
+    label = f"{cell.method} lr={cell.lr:g} seed={cell.seed} ({cell.iterations} it)"
+    if state in ("done", "failed"):
+        say(f"cell {label}: {state}")
+        return state
+    say(f"cell {label}: {'resuming' if state == 'resume' else 'running'}")
+    run_dir = cell.directory(out)
+    start = time.perf_counter()
+    try:
+        Trainer(resolve_recipe(recipe, cell.recipe_overrides(common, out)), resume=state == "resume").run()
+        result, error = "done", None
+    except VgrpoError as fault:  # a training fault (non-finite loss, ...): this rate fails the cell
+        result, error = "failed", str(fault)
+        say(f"cell {label}: failed ({fault})")
+    marker = {
+        "status": result,
+        "cell": asdict(cell),
+        "settings": settings,
+        "commit": commit,
+        "seconds_this_invocation": time.perf_counter() - start,
+        "error": error,
+    }
+    (run_dir / MARKER).write_text(json.dumps(marker, indent=1))
+    return result
+
+
+def read_cell(cell: Cell, out: Path) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """``(marker, metrics records)`` of a finished cell; records are empty for a failed one."""
+    from vgrpo_platform.metrics import read_metrics
+
+    run_dir = cell.directory(out)
+    marker = read_marker(run_dir)
+    if marker is None or marker["status"] != "done":
+        return marker, []
+    return marker, read_metrics(run_dir / "metrics.jsonl")
+
+
+def choose_rate(scores: dict[float, list[float]]) -> float | None:
+    """The sweep's pick: the best mean score over sweep seeds, the smaller rate on a tie; ``None`` if
+    every rate failed."""
+    means = {lr: sum(s) / len(s) for lr, s in scores.items() if s}
+    finite = {lr: m for lr, m in means.items() if math.isfinite(m)}
+    if not finite:
+        return None
+    best = max(finite.values())
+    return min(lr for lr, m in finite.items() if m == best)

@@ -1,0 +1,71 @@
+"""Network evaluations (NFE) per training iteration, per method: the benchmark's common x axis.
+
+One NFE is one denoiser forward on one sample. An iteration costs every sample's rollout steps plus
+the forwards its surrogate makes in ``prepare`` and ``loss``; evaluations and the optional
+diagnostics are not part of a method's cost. Each sample sits in exactly one mini-batch per
+iteration (``train.gradient_steps_per_iteration`` splits the batch), so ``loss`` forwards it once
+whatever the number of optimiser steps. tests/test_benchmark.py checks these counts against the
+forwards a real run makes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vgrpo_platform.surrogates.flow_grpo import window_mask, window_start
+
+FLOW_GRPO_FAMILY = ("flow_grpo", "dance_grpo", "flow_grpo_fast")
+
+
+def trained_sde_steps(config: Any, steps: int, iteration: int) -> int:
+    """Steps each sample trains in ``iteration`` (1-based) under a ``FlowGRPOConfig``."""
+    size = config.window_size
+    if config.window_placement == "sliding":
+        mask = window_mask(steps, size, window_start(iteration, steps, config))
+        last_in_window = bool(mask[-1])
+        candidates = int(mask.sum())
+    else:  # a random branch: its size is fixed, whether it holds the last step is not known here
+        candidates = steps if size is None or size >= steps else size
+        last_in_window = candidates == steps
+    if not config.train_last_step and last_in_window:
+        candidates -= 1
+    return int(candidates * config.train_fraction) if config.train_fraction < 1 else candidates
+
+
+def surrogate_forwards(name: str, config: Any, steps: int, gradient_steps: int, iteration: int) -> int:
+    """Denoiser forwards per sample that the surrogate ``name`` makes in one iteration."""
+    if name in ("vgrpo", "elbo_naive"):
+        k = config.n_mc
+        old = 0 if gradient_steps == 1 else k  # one step: the loss's own forward is the old policy's
+        anchor = k if config.kl_beta > 0 and config.kl_anchor == "reference" else 0
+        return k + old + anchor
+    if name in ("awm", "awm_authors"):
+        k = config.n_mc
+        return 2 * k + (k if config.kl_beta > 0 else 0) + (k if config.ema_beta > 0 else 0)
+    if name == "diffusion_nft":
+        k = config.n_timesteps
+        return 2 * k + (k if config.kl_beta > 0 else 0)  # trained + EMA old policy (+ reference)
+    if name in FLOW_GRPO_FAMILY:
+        trained = trained_sde_steps(config, steps, iteration)
+        return trained * (2 if config.kl_beta > 0 else 1)  # + the reference's step means
+    raise KeyError(f"no NFE count for surrogate {name!r}; add it to benchmarks/nfe.py")
+
+
+def nfe_per_iteration(resolved: Any, iteration: int) -> float:
+    """NFE of training ``iteration`` (1-based) of a resolved recipe: samples x (rollout + surrogate)."""
+    recipe = resolved.recipe
+    samples = recipe.rollout.group_size * recipe.rollout.prompts_per_iteration
+    steps = recipe.rollout.steps
+    gradient_steps = min(recipe.train.gradient_steps_per_iteration, samples)
+    name, config = recipe.surrogate.name, resolved.surrogate.config
+    train = surrogate_forwards(name, config, steps, gradient_steps, iteration)
+    return float(samples * (steps + train))
+
+
+def cumulative_nfe(resolved: Any, iterations: int) -> list[float]:
+    """``[iterations + 1]``: NFE spent before each iteration boundary (index 0 = before training)."""
+    total, out = 0.0, [0.0]
+    for i in range(1, iterations + 1):
+        total += nfe_per_iteration(resolved, i)
+        out.append(total)
+    return out
