@@ -109,6 +109,24 @@ def _ocr_inputs() -> dict[str, Any]:
     return {"samples": Samples("image", data), "prompts": ['a neon sign that says "open late"']}
 
 
+def _served_brightness(folder: Path) -> dict[str, Any]:
+    """The ``remote`` reward's options: ``brightness`` served on a free loopback port by a daemon
+    thread for the rest of the session (``vgrpo serve-reward``'s application and server)."""
+    import threading
+
+    from vgrpo_platform.reward_server import RewardApp, make_server
+
+    server = make_server(
+        RewardApp("brightness", REGISTRY.build("reward", "brightness", {}, None)), "127.0.0.1", 0
+    )
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return {"url": f"http://127.0.0.1:{server.server_port}", "reward": "brightness", "timeout_s": 30}
+
+
+def _image_samples() -> dict[str, Any]:
+    return {"samples": Samples("image", torch.rand(4, 3, 8, 8, generator=torch.Generator().manual_seed(0)))}
+
+
 # (kind, name) -> (options, or a function of a scratch folder that writes tiny weights and returns the
 # options; keyword arguments of the kit, or a function that returns them)
 TINY: dict[tuple[str, str], tuple[Any, Any]] = {
@@ -151,6 +169,7 @@ TINY: dict[tuple[str, str], tuple[Any, Any]] = {
     ("reward", "loudness"): ({}, {}),
     ("reward", "silence_ratio"): ({}, {}),
     ("reward", "spectral_flatness"): ({}, {}),
+    ("reward", "remote"): (_served_brightness, _image_samples),  # serves image rewards here
 }
 SKIP: dict[tuple[str, str], str] = {}  # (kind, name) -> why the kit cannot apply; keep it empty
 

@@ -109,8 +109,15 @@ def test_skip_drops_the_faulty_iteration_without_touching_the_weights_and_goes_o
 
     records = read_metrics(trainer.run_dir / "metrics.jsonl")
     kinds = [(r["kind"], r["iteration"]) for r in records]
-    assert kinds == [("eval", 0), ("train", 1), ("skipped", 2), ("train", 3), ("train", 4), ("train", 5),
-                     ("eval", 5)]
+    assert kinds == [
+        ("eval", 0),
+        ("train", 1),
+        ("skipped", 2),
+        ("train", 3),
+        ("train", 4),
+        ("train", 5),
+        ("eval", 5),
+    ]
     skipped = records[2]
     assert "reward server down" in skipped["reason"] and "iteration 2" in skipped["reason"]
     for key in snapshots[2]:  # iteration 2 changed nothing, iteration 3 did

@@ -48,8 +48,13 @@ def test_short_quickstart_runs_end_to_end(tmp_path: Path) -> None:
     from vgrpo_platform.train import run
 
     resolved = resolve(
-        "train.iterations=2", "rollout.prompts_per_iteration=2", "rollout.group_size=4", "eval.max_prompts=4",
-        "eval.samples_per_prompt=2", "log.progress=none", f"run.output_dir={tmp_path}",
+        "train.iterations=2",
+        "rollout.prompts_per_iteration=2",
+        "rollout.group_size=4",
+        "eval.max_prompts=4",
+        "eval.samples_per_prompt=2",
+        "log.progress=none",
+        f"run.output_dir={tmp_path}",
     )
     run_dir = run(resolved)
     evals = eval_records(run_dir)

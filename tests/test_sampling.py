@@ -111,8 +111,10 @@ def test_multistep_solvers_beat_euler_at_8_steps(mixture, shift: float) -> None:
     # Measured mean errors at 8 steps, shift 1: euler 0.10, dpmsolver++ 0.022, unipc 0.015;
     # shift 3: euler 0.14, dpmsolver++ 0.097, unipc 0.096.
     v, noise, refs = mixture
-    err = {name: mean_error(solve_flow_ode(v, noise, SamplerSpec(name, 8), shift=shift), refs[shift])
-           for name in SAMPLERS}
+    err = {
+        name: mean_error(solve_flow_ode(v, noise, SamplerSpec(name, 8), shift=shift), refs[shift])
+        for name in SAMPLERS
+    }
     assert err["dpmsolver++"] < 0.8 * err["euler"], err
     assert err["unipc"] < 0.8 * err["euler"], err
 

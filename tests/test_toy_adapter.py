@@ -126,7 +126,10 @@ def test_resolution_beyond_the_position_table_is_refused(model_dir) -> None:
         ToyAdapter.load(model_dir, resolution=32)
     smaller = ToyAdapter.load(model_dir, resolution=8)  # SD3 crops its position table
     assert smaller.predict(torch.zeros(1, 3, 8, 8), torch.ones(1), smaller.encode_prompts(["x"])).shape == (
-        1, 3, 8, 8,
+        1,
+        3,
+        8,
+        8,
     )
 
 

@@ -324,6 +324,44 @@ def report(
     typer.echo(str(index))
 
 
+@app.command("serve-reward")
+def serve_reward(
+    name: str = typer.Argument(..., help="An installed reward (see `vgrpo plugins`).", show_default=False),
+    option: list[str] | None = typer.Option(
+        None,
+        "--option",
+        metavar="KEY=VALUE",
+        help="A reward option, as in [rewards.options], e.g. --option objective=correct. Repeatable.",
+        show_default=False,
+    ),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (loopback by default)."),
+    port: int = typer.Option(8765, "--port", min=0, max=65535, help="Port to listen on (0: any free one)."),
+    device: str = typer.Option("cpu", "--device", help="Device the reward is built on, e.g. cuda:0."),
+    debug: bool = DebugOpt,
+) -> None:
+    """Serve reward NAME over HTTP: GET /health and POST /score (protocol in docs/rewards.md).
+
+    A recipe scores through it with the `remote` reward. Prints the URL once listening; Ctrl-C stops it.
+    """
+    from vgrpo_platform.protocols import BuildContext
+    from vgrpo_platform.recipe import apply_overrides
+
+    with user_errors(debug):
+        options = apply_overrides({}, option or [])
+        registry = collect_components(_plugin_manager())
+        reward = registry.build("reward", name, options, BuildContext(device=device), where="--option")
+        reward_server = importlib.import_module("vgrpo_platform.reward_server")  # werkzeug, lazily
+        server = reward_server.make_server(reward_server.RewardApp(name, reward, options), host, port)
+        typer.echo(f"serving reward '{name}' on http://{host}:{server.server_port}")
+        sys.stdout.flush()
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:  # the normal way to stop a server, not an interrupted run
+            typer.echo("stopped")
+        finally:
+            server.server_close()
+
+
 new_app = typer.Typer(
     help="Start a plugin package from the template the tutorials walk through (docs/writing-a-*.md).",
     no_args_is_help=True,

@@ -32,8 +32,9 @@ class ToyAdapterConfig(PluginConfig):
         2, ge=1, description="Attention heads of a built model, 16 channels each (ignored with model_path)."
     )
     init_seed: int = Field(
-        0, description="Seed of a built model's random weights, independent of the run seed (ignored with "
-        "model_path)."
+        0,
+        description="Seed of a built model's random weights, independent of the run seed (ignored with "
+        "model_path).",
     )
     shift: float = Field(
         1.0, gt=0, description="Timestep shift s of t -> s t / (1 + (s - 1) t), for sampling and training."

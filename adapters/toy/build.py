@@ -54,7 +54,12 @@ def byte_level_tokenizer(max_prompt_tokens: int = 32, words: Sequence[str] = ())
             merged += symbol
             vocab.setdefault(merged, len(vocab))
     return CLIPTokenizer(
-        vocab=vocab, merges=merges, unk_token=EOS, bos_token=BOS, eos_token=EOS, pad_token=EOS,
+        vocab=vocab,
+        merges=merges,
+        unk_token=EOS,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=EOS,
         model_max_length=max_prompt_tokens,
     )
 
@@ -84,8 +89,13 @@ def build_toy_model(
         raise ValueError(f"resolution must be a multiple of the patch size {patch_size}, got {resolution}")
     folder = Path(folder)
     args: dict[str, Any] = dict(
-        seed=seed, resolution=resolution, num_layers=num_layers, num_heads=num_heads, head_dim=head_dim,
-        text_dim=text_dim, max_prompt_tokens=max_prompt_tokens,
+        seed=seed,
+        resolution=resolution,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        head_dim=head_dim,
+        text_dim=text_dim,
+        max_prompt_tokens=max_prompt_tokens,
     )
     extra = dict(
         patch_size=patch_size, text_layers=text_layers, text_heads=text_heads, words=sorted(set(words))

@@ -84,8 +84,12 @@ class ToyAdapter:
         text_encoder = CLIPTextModelWithProjection.from_pretrained(path / "text_encoder", dtype=dtype)
         tokenizer = CLIPTokenizer.from_pretrained(path / "tokenizer")
         return cls(
-            transformer.to(device), text_encoder.to(device), tokenizer,
-            resolution=resolution, shift=shift, owned_dir=owned_dir,
+            transformer.to(device),
+            text_encoder.to(device),
+            tokenizer,
+            resolution=resolution,
+            shift=shift,
+            owned_dir=owned_dir,
         )
 
     @classmethod
@@ -103,15 +107,23 @@ class ToyAdapter:
                 owned_dir = tempfile.TemporaryDirectory(prefix="vgrpo_toy_")
                 folder = Path(owned_dir.name)
             args = dict(
-                seed=config.init_seed, resolution=config.resolution, num_layers=config.num_layers,
-                num_heads=config.num_heads, head_dim=HEAD_DIM, text_dim=TEXT_DIM,
+                seed=config.init_seed,
+                resolution=config.resolution,
+                num_layers=config.num_layers,
+                num_heads=config.num_heads,
+                head_dim=HEAD_DIM,
+                text_dim=TEXT_DIM,
                 max_prompt_tokens=MAX_PROMPT_TOKENS,
             )
             if not is_built(folder, **args):
                 build_toy_model(folder, **args)
         return cls.load(
-            folder, resolution=config.resolution, shift=config.shift,
-            device=context.device, dtype=context.dtype, owned_dir=owned_dir,
+            folder,
+            resolution=config.resolution,
+            shift=config.shift,
+            device=context.device,
+            dtype=context.dtype,
+            owned_dir=owned_dir,
         )
 
     def latent_shape(self) -> tuple[int, ...]:
@@ -122,7 +134,10 @@ class ToyAdapter:
         """``prompt_embeds`` ``[B, S, D]`` (per-token, joint attention) and ``pooled_prompt_embeds``
         ``[B, D]`` (projected EOS state, added to the timestep embedding), as in SD3."""
         tokens = self.tokenizer(
-            list(prompts), padding="max_length", max_length=self.max_prompt_tokens, truncation=True,
+            list(prompts),
+            padding="max_length",
+            max_length=self.max_prompt_tokens,
+            truncation=True,
             return_tensors="pt",
         )
         out = self.text_encoder(input_ids=tokens.input_ids.to(self.device))

@@ -1,0 +1,352 @@
+"""``vgrpo serve-reward`` and the ``remote`` reward: exact equality with the in-process reward, and a
+one-line ``RewardError`` naming the fix for every way the server can fail. Loopback only, bounded waits."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from vgrpo_rewards.remote import Config as RemoteConfig
+from vgrpo_rewards.remote import build as build_remote
+from vgrpo_rewards.shapes import Config as ShapesConfig
+from vgrpo_rewards.shapes import build as build_shapes
+from vgrpo_rewards.shapes import world
+from werkzeug.serving import make_server
+from werkzeug.wrappers import Request, Response
+
+from vgrpo_platform import reward_wire as wire
+from vgrpo_platform.errors import RewardError
+from vgrpo_platform.plugins import default_registry
+from vgrpo_platform.protocols import Samples
+from vgrpo_platform.reward_server import RewardApp
+from vgrpo_platform.scoring import WeightedReward, score_all
+
+HOST = "127.0.0.1"
+
+
+@contextmanager
+def serving(app) -> Iterator[str]:  # noqa: ANN001 - a WSGI application
+    """``app`` on a free loopback port in a daemon thread; yields its base URL."""
+    server = make_server(HOST, 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://{HOST}:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+@pytest.fixture(scope="module")
+def batch() -> tuple[Samples, list[str]]:
+    """Five rendered shapes-world scenes, two of them scored against another scene's prompt."""
+    rng = np.random.default_rng(0)
+    specs = world.all_specs()
+    chosen = [specs[int(i)] for i in rng.integers(len(specs), size=5)]
+    images = np.stack([np.asarray(world.render(s, rng)) for s in chosen])  # [B, H, W, 3] uint8
+    data = torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255
+    data[1] = (data[1] + 0.05 * torch.randn(data[1].shape, generator=torch.Generator().manual_seed(0))).clamp(
+        0, 1
+    )
+    prompts = [s.to_prompt() for s in chosen]
+    prompts[3], prompts[4] = prompts[4], prompts[3]
+    return Samples("image", data), prompts
+
+
+def remote(url: str, **options) -> object:
+    return build_remote(RemoteConfig(url=url, **options), None)
+
+
+def test_remote_scores_equal_the_in_process_reward_exactly(batch):
+    samples, prompts = batch
+    shapes = build_shapes(ShapesConfig(), None)
+    with serving(RewardApp("shapes", build_shapes(ShapesConfig(), None))) as url:
+        client = remote(url, reward="shapes", batch_size=2)  # three requests: 2 + 2 + 1
+        here = score_all([WeightedReward("shapes", shapes, 1.0)], samples, prompts)
+        there = score_all([WeightedReward("shapes", client, 1.0)], samples, prompts)
+    assert torch.equal(here[0]["shapes"], there[0]["shapes"])
+    assert here[1].keys() == there[1].keys() and "shapes/correct" in here[1]
+    for key in here[1]:
+        assert torch.equal(here[1][key], there[1][key]), key
+    assert len(set(here[0]["shapes"].tolist())) > 1  # the batch has distinct scores, so order matters
+
+
+def test_health_names_the_reward_and_protocol():
+    with serving(RewardApp("shapes", build_shapes(ShapesConfig(), None), {"objective": "correct"})) as url:
+        with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
+            health = json.loads(response.read())
+    assert health == {
+        "status": "ok",
+        "reward": "shapes",
+        "protocol": wire.PROTOCOL,
+        "modalities": ["image"],
+        "options": {"objective": "correct"},
+    }
+
+
+def test_png_encoded_images_are_scored_like_their_pixels(batch):
+    samples, prompts = batch
+    app = RewardApp("shapes", build_shapes(ShapesConfig(), None))
+    pngs = []
+    for img in (samples.data * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy():
+        buf = io.BytesIO()
+        Image.fromarray(img).save(buf, format="PNG")
+        pngs.append(base64.b64encode(buf.getvalue()).decode())
+    body = {
+        "protocol": 1,
+        "samples": {"modality": "image", "encoding": "png", "data": pngs},
+        "prompts": prompts,
+    }
+    reply = app.score(json.dumps(body).encode())
+    expected = build_shapes(ShapesConfig(), None).score(samples, prompts, [{}] * len(prompts))
+    assert reply["scores"]["score"] == expected["score"].tolist()
+
+
+def test_cli_serves_an_installed_reward_with_options(batch):
+    samples, prompts = batch
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "vgrpo_platform", "serve-reward", "shapes", "--option", "objective=correct"]
+    proc = subprocess.Popen(
+        [*cmd, "--host", HOST, "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.append(proc.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout=120)
+        assert lines and lines[0].startswith("serving reward 'shapes' on http://"), (lines, proc.poll())
+        url = lines[0].split(" on ")[1].strip()
+        out = remote(url, reward="shapes", timeout_s=30).score(samples, prompts, [{}] * len(prompts))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    expected = build_shapes(ShapesConfig(objective="correct"), None).score(samples, prompts, [{}] * 5)
+    assert torch.equal(out["score"], expected["score"]) and set(out["score"].tolist()) <= {0.0, 1.0}
+
+
+def test_remote_is_an_installed_reward_whose_entry_module_has_no_torch():
+    assert ("reward", "remote") in default_registry()
+    code = "import sys, vgrpo_rewards.remote; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+# ------------------------------------------------------------------------------- failures
+
+
+def fake(reply):  # noqa: ANN001 - (status, body bytes) or a callable of the request's JSON
+    """A WSGI app answering every request with ``reply``."""
+
+    def app(environ, start_response):  # noqa: ANN001
+        request = Request(environ)
+        status, body = reply(json.loads(request.get_data())) if callable(reply) else reply
+        return Response(body, status=status, mimetype="application/json")(environ, start_response)
+
+    return app
+
+
+def one_line_error(excinfo, *fragments: str) -> str:
+    message = str(excinfo.value)
+    assert "\n" not in message
+    for fragment in fragments:
+        assert fragment in message, message
+    return message
+
+
+def score_one(client, batch) -> None:  # noqa: ANN001
+    samples, prompts = batch
+    score_all([WeightedReward("remote", client, 1.0)], samples, prompts)
+
+
+def test_unreachable_server_names_the_command_to_start_it(batch):
+    with socket.socket() as s:  # a port that was free a moment ago, and nothing listens on it now
+        s.bind((HOST, 0))
+        port = s.getsockname()[1]
+    client = remote(f"http://{HOST}:{port}", timeout_s=2, retries=2, backoff_s=0.01)
+    start = time.monotonic()
+    with pytest.raises(RewardError) as excinfo:
+        score_one(client, batch)
+    assert time.monotonic() - start < 10
+    one_line_error(excinfo, "cannot reach the reward server", "vgrpo serve-reward", "after 3 tries")
+
+
+def test_timeout_names_the_option_to_raise(batch):
+    def slow(request):  # noqa: ANN001
+        time.sleep(1.0)
+        return 200, b"{}"
+
+    with serving(fake(slow)) as url:
+        start = time.monotonic()
+        with pytest.raises(RewardError) as excinfo:
+            score_one(remote(url, timeout_s=0.2, retries=1, backoff_s=0.01), batch)
+        assert time.monotonic() - start < 3
+    one_line_error(excinfo, "no reply", "within 0.2 s", "options.timeout_s", "after 2 tries")
+
+
+@pytest.mark.parametrize(
+    "body, fragment",
+    [
+        (b"<html>hello</html>", "not JSON"),
+        (b"[1, 2]", "not a JSON object"),
+        (b'{"protocol": 1, "reward": "x"}', "no 'scores' object"),
+        (b'{"scores": {"score": ["a", "b", "c", "d", "e"]}}', "'scores.score' is not a list of numbers"),
+    ],
+)
+def test_malformed_reply_is_one_line(batch, body, fragment):
+    with serving(fake((200, body))) as url:
+        with pytest.raises(RewardError) as excinfo:
+            score_one(remote(url, timeout_s=5, retries=0), batch)
+    one_line_error(excinfo, "malformed reply from the reward server", fragment)
+
+
+def test_wrong_count_of_scores(batch):
+    def short(request):  # noqa: ANN001
+        n = len(request["prompts"])
+        return 200, json.dumps({"protocol": 1, "reward": "x", "scores": {"score": [0.5] * (n - 1)}})
+
+    with serving(fake(short)) as url:
+        with pytest.raises(RewardError) as excinfo:
+            score_one(remote(url, timeout_s=5, retries=0), batch)
+    one_line_error(excinfo, "'scores.score' has 4 values for 5 samples", "serve-reward of protocol 1")
+
+
+def test_server_side_failures_are_reported_with_the_fix(batch):
+    class Broken:
+        modalities = frozenset({"image"})
+
+        def score(self, samples, prompts, metadata):  # noqa: ANN001
+            raise ValueError("model not loaded")
+
+    with serving(RewardApp("broken", Broken())) as url:
+        with pytest.raises(RewardError) as excinfo:
+            score_one(remote(url, timeout_s=5, retries=1, backoff_s=0.01), batch)
+        one_line_error(excinfo, "reward 'broken' raised ValueError: model not loaded", "after 2 tries")
+        audio = Samples("audio", torch.zeros(2, 1, 16), sample_rate=16000)
+        with pytest.raises(RewardError) as excinfo:
+            remote(url, timeout_s=5).score(audio, ["a", "b"], [{}, {}])
+        one_line_error(excinfo, "HTTP 400", "scores ['image'], not audio")
+
+
+def test_a_server_of_another_reward_is_refused(batch):
+    with serving(RewardApp("jpeg", build_shapes(ShapesConfig(), None))) as url:
+        with pytest.raises(RewardError) as excinfo:
+            score_one(remote(url, timeout_s=5, reward="shapes"), batch)
+    one_line_error(excinfo, "serves reward 'jpeg', not 'shapes'", "options.url or options.reward")
+
+
+def test_a_body_over_the_limit_is_refused_with_the_batch_size_hint(batch, monkeypatch):
+    from vgrpo_platform import reward_server
+
+    monkeypatch.setattr(reward_server, "MAX_BODY", 1000)
+    with serving(RewardApp("shapes", build_shapes(ShapesConfig(), None))) as url:
+        with pytest.raises(RewardError) as excinfo:
+            score_one(remote(url, timeout_s=5, retries=3), batch)  # a 4xx is not retried
+    one_line_error(excinfo, "HTTP 413", "options.batch_size")
+    assert "tries" not in str(excinfo.value)
+
+
+def test_remote_passes_the_reward_conformance_kit():
+    from vgrpo_platform.testing import check_reward
+
+    served = default_registry().build("reward", "brightness", {}, None)
+    samples = Samples("image", torch.rand(4, 3, 8, 8, generator=torch.Generator().manual_seed(0)))
+    with serving(RewardApp("brightness", served)) as url:
+        check_reward(
+            build_remote,
+            RemoteConfig(url=url, timeout_s=10),
+            entry_module="vgrpo_rewards.remote",
+            samples=samples,
+        )
+
+
+# ------------------------------------------------------------------------------- training
+
+
+@contextmanager
+def serve_reward_process(name: str) -> Iterator[tuple[subprocess.Popen, str]]:
+    """``vgrpo serve-reward NAME`` in a subprocess on a free loopback port; yields it and its URL."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "vgrpo_platform", "serve-reward", name, "--host", HOST, "--port", "0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    try:
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.append(proc.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout=120)
+        assert lines and lines[0].startswith(f"serving reward '{name}' on http://"), (lines, proc.poll())
+        yield proc, lines[0].split(" on ")[1].strip()
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+def test_training_scores_remotely_then_skips_and_stops_once_the_server_is_killed(tmp_path):
+    from vgrpo_platform.metrics import read_metrics
+    from vgrpo_platform.recipe import resolve_recipe
+    from vgrpo_platform.train import Trainer
+
+    toy = os.path.join(os.path.dirname(__file__), "..", "recipes", "toy.toml")
+    base = [
+        f"run.output_dir={tmp_path.as_posix()!r}",
+        "log.progress='none'",
+        "train.iterations=2",
+        "eval.every=0",
+        "log.checkpoint_every=0",
+        "log.diagnostics_every=0",
+        "train.on_fault='skip'",
+    ]
+    local = Trainer(resolve_recipe(toy, [*base, "run.name='local'"]))
+    local.run()
+    with serve_reward_process("brightness") as (proc, url):
+        remote_options = [
+            f"rewards.0.options.url={url!r}",
+            "rewards.0.options.reward='brightness'",
+            "rewards.0.options.timeout_s=5",
+            "rewards.0.options.retries=1",
+            "rewards.0.options.backoff_s=0.05",
+        ]
+        trainer = Trainer(
+            resolve_recipe(toy, [*base, "run.name='remote'", "rewards.0.name='remote'", *remote_options])
+        )
+        original_iterate = trainer.iterate
+
+        def iterate(iteration: int):  # noqa: ANN202 - the server dies between iterations 1 and 2
+            if iteration == 2:
+                proc.kill()
+                proc.wait(timeout=30)
+            return original_iterate(iteration)
+
+        trainer.iterate = iterate
+        with pytest.raises(RewardError) as excinfo:  # the final evaluation is not a skippable fault
+            trainer.run()
+    one_line_error(excinfo, "cannot reach the reward server", "vgrpo serve-reward")
+    here = {r["iteration"]: r for r in read_metrics(local.run_dir / "metrics.jsonl") if r["kind"] == "train"}
+    records = read_metrics(trainer.run_dir / "metrics.jsonl")
+    kinds = [(r["kind"], r["iteration"]) for r in records if r["kind"] != "eval"]
+    assert kinds == [("train", 1), ("skipped", 2)]
+    evals = [r for r in records if r["kind"] == "eval"]
+    local_eval = next(r for r in read_metrics(local.run_dir / "metrics.jsonl") if r["kind"] == "eval")
+    assert [r["iteration"] for r in evals] == [0] and evals[0]["reward"] == local_eval["reward"]
+    there = next(r for r in records if r["kind"] == "train")
+    assert there["reward"] == here[1]["reward"] and there["reward/remote"] == here[1]["reward/brightness"]
+    skipped = next(r for r in records if r["kind"] == "skipped")
+    assert "cannot reach the reward server" in skipped["reason"] and "vgrpo serve-reward" in skipped["reason"]
