@@ -33,8 +33,8 @@ import torch
 
 from vgrpo_platform.protocols import Adapter, RolloutBatch
 from vgrpo_platform.surrogates import elbo
+from vgrpo_platform.surrogates.configs import AWMConfig
 from vgrpo_platform.surrogates.nft import EMAPolicy
-from vgrpo_platform.surrogates.plugin import AWMConfig
 from vgrpo_platform.surrogates.vgrpo import predict_x0_on_pairs
 from vgrpo_platform.timesteps import draw_pairs, pair_set_index
 

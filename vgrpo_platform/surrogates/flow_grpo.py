@@ -25,7 +25,7 @@ import torch
 
 from vgrpo_platform import sde
 from vgrpo_platform.protocols import Adapter, Conditioning, RolloutBatch, SamplerSpec
-from vgrpo_platform.surrogates.plugin import FlowGRPOConfig
+from vgrpo_platform.surrogates.configs import FlowGRPOConfig
 
 
 def euler_grid(

@@ -28,7 +28,7 @@ import torch
 from vgrpo_platform.finetune import values_swapped_in
 from vgrpo_platform.protocols import Adapter, RolloutBatch
 from vgrpo_platform.surrogates import elbo
-from vgrpo_platform.surrogates.plugin import DiffusionNFTConfig
+from vgrpo_platform.surrogates.configs import DiffusionNFTConfig
 from vgrpo_platform.timesteps import draw_pairs
 
 

@@ -1,4 +1,4 @@
-"""Entry module of the built-in surrogates: configs and registration only, no torch at import time.
+"""Entry module of the built-in surrogates: registration and factories only, no torch at import time.
 
 ``vgrpo`` is the method; ``elbo_naive`` is the same estimator with the three variance-reduction
 techniques off (independent pairs per sample, i.i.d. timesteps, plain MSE), the paper's baseline
@@ -9,70 +9,30 @@ authors ship it) are the baselines of docs/method.md section 6, behind the same 
 
 from __future__ import annotations
 
-from typing import Any, Literal
-
-from pydantic import Field, model_validator
+from typing import Any
 
 from vgrpo_platform.hookspecs import hookimpl
-from vgrpo_platform.registry import PluginConfig
+from vgrpo_platform.surrogates.configs import (  # re-exported: the configs' historical import path
+    AWMAuthorsConfig,
+    AWMConfig,
+    DanceGRPOConfig,
+    DiffusionNFTConfig,
+    FlowGRPOConfig,
+    FlowGRPOFastConfig,
+    NaiveELBOConfig,
+    VGRPOConfig,
+)
 
-
-class VGRPOConfig(PluginConfig):
-    """Options of the V-GRPO ELBO surrogate (docs/method.md sections 2-4)."""
-
-    n_mc: int = Field(
-        4, ge=1, description="Monte-Carlo (t, eps) pairs per sample; each costs one forward pass (paper: 4)."
-    )
-    pair_scope: Literal["group", "batch", "sample"] = Field(
-        "group",
-        description="Who shares the (t, eps) pairs: 'group' = all samples of a prompt (the method), "
-        "'batch' = the whole batch, 'sample' = nobody (ablation).",
-    )
-    stratified: bool = Field(
-        True,
-        description="One timestep in each of n_mc equal strata of the (shifted) schedule; False = i.i.d.",
-    )
-    adaptive_weighting: bool = Field(
-        True,
-        description="Self-normalised x-space loss MSE / sg(L1), equalising gradient scale across t; "
-        "False = plain MSE.",
-    )
-    clip_range: float | None = Field(
-        0.01,
-        gt=0,
-        description="PPO ratio clip e: rho is clipped to [1 - e, 1 + e]; null = no clipping "
-        "(paper: 6e-3..1e-2).",
-    )
-    kl_beta: float = Field(
-        0.0, ge=0, description="Weight of the x-prediction KL penalty; 0 = off (paper: 0.3 where used)."
-    )
-    kl_anchor: Literal["old", "reference"] = Field(
-        "old",
-        description="What the KL penalty anchors to: 'old' = the rollout (behaviour) policy (the method), "
-        "'reference' = the frozen base model.",
-    )
-    t_min: float = Field(
-        1e-3, ge=0, lt=1, description="Lower clamp of drawn timesteps (t = 0 makes the weighted loss 0/0)."
-    )
-    t_max: float = Field(1.0 - 1e-3, gt=0, le=1, description="Upper clamp of drawn timesteps.")
-
-    @model_validator(mode="after")
-    def _check_t_range(self) -> VGRPOConfig:
-        if self.t_min >= self.t_max:
-            raise ValueError(f"t_min ({self.t_min}) must be below t_max ({self.t_max})")
-        return self
-
-
-class NaiveELBOConfig(VGRPOConfig):
-    """The same surrogate with the variance-reduction techniques off by default (the ablation)."""
-
-    pair_scope: Literal["group", "batch", "sample"] = Field(
-        "sample", description="Who shares the (t, eps) pairs; default 'sample' = independent per sample."
-    )
-    stratified: bool = Field(False, description="Stratified timesteps; default False = i.i.d. uniform.")
-    adaptive_weighting: bool = Field(
-        False, description="Self-normalised x-space loss; default False = plain MSE."
-    )
+__all__ = [
+    "VGRPOConfig",
+    "NaiveELBOConfig",
+    "FlowGRPOConfig",
+    "DanceGRPOConfig",
+    "FlowGRPOFastConfig",
+    "DiffusionNFTConfig",
+    "AWMConfig",
+    "AWMAuthorsConfig",
+]
 
 
 def build_vgrpo(config: VGRPOConfig, context: Any = None) -> Any:
@@ -97,198 +57,6 @@ def register_surrogates(register):  # noqa: ANN001 - the host's Register callabl
         summary="Naive ELBO surrogate (V-GRPO without its three variance-reduction techniques).",
     )
     _register_baselines(register)
-
-
-class FlowGRPOConfig(PluginConfig):
-    """Flow-GRPO (MDP; docs/method.md section 6): SDE rollouts with per-step Gaussian log-probs, per-step PPO.
-
-    With ``window_size`` set it is MixGRPO: SDE (and training) only inside a sliding window of steps,
-    deterministic Euler steps elsewhere. Rollouts always use the Euler grid of ``rollout.steps`` on
-    the adapter's shifted schedule, whatever ``rollout.sampler`` says (an SDE needs its own step).
-    """
-
-    noise_level: float = Field(0.7, gt=0, description="a in s(t) = a sqrt(t / (1 - t)) (Flow-GRPO: 0.7).")
-    clip_range: float = Field(1e-4, gt=0, description="Per-step PPO ratio clip (Flow-GRPO: 1e-4).")
-    adv_clip: float = Field(5.0, gt=0, description="Advantages are clamped to [-adv_clip, adv_clip].")
-    kl_beta: float = Field(
-        0.04, ge=0, description="Weight of the KL to the frozen (LoRA-disabled) reference; 0 = off."
-    )
-    kl_include_dt: bool = Field(
-        True,
-        description="KL = |mu - mu_ref|^2 / (2 s^2 |dt|), the true Gaussian KL per element; False = "
-        "Flow-GRPO's |mu - mu_ref|^2 / (2 s^2), without |dt|.",
-    )
-    window_size: int | None = Field(
-        None, ge=1, description="MixGRPO: SDE steps per rollout in a sliding window; null = all (Flow-GRPO)."
-    )
-    window_shift_every: int = Field(25, ge=1, description="MixGRPO: iterations between window moves.")
-    window_stride: int = Field(
-        1, ge=1, description="MixGRPO: steps the window moves each time (wraps around)."
-    )
-    window_placement: Literal["sliding", "random"] = Field(
-        "sliding",
-        description="'sliding' = MixGRPO's schedule; 'random' = Flow-GRPO-Fast: a uniform start in "
-        "[0, int(window_range * steps) - window_size], drawn once per iteration from the rollout generator.",
-    )
-    window_range: float = Field(
-        1.0,
-        gt=0,
-        le=1,
-        description="'random' placement: the window lies in this first fraction of the steps.",
-    )
-    diffusion: Literal["flow_grpo", "constant"] = Field(
-        "flow_grpo",
-        description="SDE diffusion s(t): 'flow_grpo' = a sqrt(t / (1 - t)), 'constant' = a (DanceGRPO).",
-    )
-    shared_initial_noise: bool = Field(
-        False,
-        description="One initial noise per prompt group (DanceGRPO, Flow-GRPO-Fast's branching); "
-        "False = one per sample.",
-    )
-    train_last_step: bool = Field(
-        True,
-        description="Train the last SDE step (to t = 0); False = leave it out as DanceGRPO and "
-        "Flow-GRPO's timestep_fraction 0.99 do.",
-    )
-    train_fraction: float = Field(
-        1.0,
-        gt=0,
-        le=1,
-        description="Train a random subset of int(fraction * n) of each sample's n trainable steps, "
-        "redrawn per sample every iteration (DanceGRPO: 0.6); 1 = all.",
-    )
-
-
-class DanceGRPOConfig(FlowGRPOConfig):
-    """DanceGRPO (docs/method.md section 6): constant SDE noise 0.3, one initial noise per group, a
-    random 60% of the steps trained per sample, no KL."""
-
-    noise_level: float = Field(0.3, gt=0, description="eta, the constant s(t) of the SDE (DanceGRPO: 0.3).")
-    diffusion: Literal["flow_grpo", "constant"] = Field("constant", description="s(t) = eta (DanceGRPO).")
-    shared_initial_noise: bool = Field(True, description="One initial noise per prompt group (DanceGRPO).")
-    train_last_step: bool = Field(False, description="DanceGRPO never trains the last step.")
-    train_fraction: float = Field(
-        0.6, gt=0, le=1, description="Random share of the other steps trained per sample (DanceGRPO: 0.6)."
-    )
-    kl_beta: float = Field(0.0, ge=0, description="DanceGRPO trains without a KL term.")
-
-
-class FlowGRPOFastConfig(FlowGRPOConfig):
-    """Flow-GRPO-Fast (docs/method.md section 6): ODE everywhere but a 2-step SDE branch at a random
-    step of the first half, trained alone; the group shares its initial noise (and so its ODE prefix)."""
-
-    window_size: int | None = Field(2, ge=1, description="SDE (and trained) steps of the branch.")
-    window_placement: Literal["sliding", "random"] = Field(
-        "random", description="A random branch step each iteration (Flow-GRPO-Fast)."
-    )
-    window_range: float = Field(
-        0.5, gt=0, le=1, description="The branch lies in the first half of the steps (Flow-GRPO-Fast)."
-    )
-    shared_initial_noise: bool = Field(
-        True, description="One initial noise per group: the group branches off one ODE trajectory."
-    )
-    clip_range: float = Field(1e-5, gt=0, description="Per-step PPO ratio clip (Flow-GRPO-Fast: 1e-5).")
-    kl_beta: float = Field(0.0, ge=0, description="Flow-GRPO-Fast trains without a KL term.")
-
-
-class DiffusionNFTConfig(PluginConfig):
-    """DiffusionNFT (docs/method.md section 6): implicit positive / negative policies around an EMA
-    old policy."""
-
-    beta: float = Field(
-        1.0, gt=0, description="b in v+ = (1 - b) v_old + b v_theta, v- = (1 + b) v_old - b v_theta [guess]."
-    )
-    adv_clip: float = Field(
-        5.0, gt=0, description="r = 1/2 + 1/2 clip(A / adv_clip, -1, 1); also scales the loss."
-    )
-    n_timesteps: int = Field(
-        4, ge=1, description="(t, eps) draws per sample per update, each one forward pass."
-    )
-    adaptive_weighting: bool = Field(
-        True, description="Self-normalised x-space loss MSE / sg(L1) (DiffusionNFT)."
-    )
-    kl_beta: float = Field(
-        0.0, ge=0, description="Weight of |v_theta - v_ref|^2 to the LoRA-disabled reference."
-    )
-    ema_flat: int = Field(
-        0, ge=0, description="EMA decay of the old policy is 0 (old = current) before this step."
-    )
-    ema_rate: float = Field(1e-3, ge=0, description="EMA decay grows by this much per optimiser step...")
-    ema_max: float = Field(0.5, ge=0, lt=1, description="...up to this value (DiffusionNFT decay type 1).")
-    t_min: float = Field(1e-3, ge=0, lt=1, description="Lower clamp of drawn timesteps.")
-    t_max: float = Field(1.0 - 1e-3, gt=0, le=1, description="Upper clamp of drawn timesteps.")
-
-
-class AWMConfig(PluginConfig):
-    """Advantage-weighted matching: a flow-matching loss weighted by advantages (V-GRPO minus shared noise
-    and self-normalisation)."""
-
-    n_mc: int = Field(4, ge=1, description="Timesteps per sample, each one forward pass.")
-    pair_scope: Literal["group", "batch", "sample"] = Field(
-        "group", description="Who shares the timesteps (noise is always independent per sample)."
-    )
-    stratified: bool = Field(True, description="One timestep in each of n_mc strata; False = i.i.d.")
-    space: Literal["velocity", "x"] = Field(
-        "velocity", description="'velocity' = |v - (eps - x0)|^2 (flow matching), 'x' = |x_hat - x0|^2."
-    )
-    ratio_mode: Literal["per_pair", "mean"] = Field(
-        "per_pair",
-        description="'per_pair': one ratio per timestep, PPO terms averaged (AWM's exp-first); "
-        "'mean': one ratio of the mean loss (V-GRPO's form).",
-    )
-    clip_range: float | None = Field(1.0, gt=0, description="PPO ratio clip; null = none (AWM: 1.0).")
-    kl_beta: float = Field(
-        0.0, ge=0, description="Weight of |v_theta - v_ref|^2 to the LoRA-disabled reference."
-    )
-    t_min: float = Field(1e-3, ge=0, lt=1, description="Lower clamp of drawn timesteps.")
-    t_max: float = Field(1.0 - 1e-3, gt=0, le=1, description="Upper clamp of drawn timesteps.")
-    weighting: Literal["uniform", "ghuber"] = Field(
-        "uniform",
-        description="Per-pair loss: 'uniform' = the plain error l; 'ghuber' = "
-        "t ((l + 1e-10)^p - 1e-10^p) / p (AWM's generalised Huber, p = ghuber_power).",
-    )
-    ghuber_power: float = Field(
-        0.25, gt=0, le=1, description="p of the generalised Huber weighting (AWM: 0.25)."
-    )
-    ema_beta: float = Field(
-        0.0, ge=0, description="Weight of mean |v_theta - v_ema|^2 toward an EMA copy of the policy (AWM: 1)."
-    )
-    ema_rate: float = Field(1e-3, ge=0, description="EMA decay = min(ema_max, ema_rate * optimiser steps)...")
-    ema_max: float = Field(0.3, ge=0, lt=1, description="...capped here (AWM: min(0.3, 0.001 step)).")
-    timestep_grid: int | None = Field(
-        None,
-        ge=1,
-        description="Draw t from this many points of diffusers' flow-matching grid (AWM: 14), one per "
-        "stratum of grid indices (always stratified, no t_min/t_max clamp); null = continuous draws.",
-    )
-    timestep_fraction: float = Field(
-        1.0, gt=0, le=1, description="Only the first int(fraction * grid) grid points (AWM: 0.9)."
-    )
-    grid_skip_first: bool = Field(
-        False, description="Leave grid point 0 (t = 1) out, as AWM's 'discrete_wo_init' does."
-    )
-    adv_clip: float | None = Field(
-        None, gt=0, description="Advantages are clamped to [-adv_clip, adv_clip] (AWM: 5); null = not."
-    )
-    adv_scale: float = Field(1.0, gt=0, description="...then multiplied by this (AWM: 1/5).")
-
-
-class AWMAuthorsConfig(AWMConfig):
-    """AWM as its authors ship it (scxue/advantage_weighted_matching, docs/method.md section 6)."""
-
-    n_mc: int = Field(6, ge=1, description="Timesteps per sample (AWM: train_timesteps = 6).")
-    pair_scope: Literal["group", "batch", "sample"] = Field(
-        "sample", description="AWM shares timesteps only inside a shuffled micro-batch: 'sample' here."
-    )
-    weighting: Literal["uniform", "ghuber"] = Field("ghuber", description="Generalised Huber weighting.")
-    ema_beta: float = Field(1.0, ge=0, description="Weight of the EMA penalty (AWM: 1).")
-    timestep_grid: int | None = Field(14, ge=1, description="AWM's 14-step sampling grid.")
-    timestep_fraction: float = Field(0.9, gt=0, le=1, description="Its first 90%: grid points 0..11.")
-    adv_clip: float | None = Field(5.0, gt=0, description="Advantages clamped to +-5 (AWM).")
-    adv_scale: float = Field(0.2, gt=0, description="...and scaled by 1/5 (AWM: advantage_max 1 / 5).")
-    kl_beta: float = Field(
-        1e-3, ge=0, description="Velocity KL to the reference (AWM: 1e-4 PickScore, 1e-3 GenEval, 3e-3 OCR)."
-    )
 
 
 def build_flow_grpo(config: FlowGRPOConfig, context: Any = None) -> Any:

@@ -19,7 +19,7 @@ import torch
 
 from vgrpo_platform.protocols import Adapter, RolloutBatch
 from vgrpo_platform.surrogates import elbo
-from vgrpo_platform.surrogates.plugin import VGRPOConfig
+from vgrpo_platform.surrogates.configs import VGRPOConfig
 from vgrpo_platform.timesteps import draw_pairs
 
 
