@@ -8,6 +8,8 @@ import math
 import numpy as np
 import pytest
 import torch
+from tiny_models import DT
+from tiny_models import LinearVelocityAdapter as TinyAdapter
 
 from vgrpo_platform.diagnostics import (
     mc_cv,
@@ -17,11 +19,8 @@ from vgrpo_platform.diagnostics import (
     within_group_cv,
 )
 from vgrpo_platform.protocols import RolloutBatch
-from vgrpo_platform.schedules import RectifiedFlowSchedule
 from vgrpo_platform.surrogates.plugin import NaiveELBOConfig, VGRPOConfig
 from vgrpo_platform.surrogates.vgrpo import VGRPOSurrogate
-
-DT = torch.float64
 
 
 def brute_mc_cv(values: np.ndarray) -> float:
@@ -63,25 +62,6 @@ def test_pure_diagnostics_match_brute_force_numpy():
     assert set(out) == {"diag/cv", "diag/within_group_cv", "diag/grad_corr"}
     with pytest.raises(ValueError):
         mc_cv(t[:1])
-
-
-class TinyAdapter:
-    """A linear velocity model on a ``[2, 3]`` latent with one trainable layer."""
-
-    modality = "image"
-    lora_target_modules = ()
-
-    def __init__(self) -> None:
-        torch.manual_seed(0)
-        self.denoiser = torch.nn.Linear(6 + 1 + 2, 6).to(DT)
-        self.schedule = RectifiedFlowSchedule(shift=2.0)
-
-    def latent_shape(self) -> tuple[int, ...]:
-        return (2, 3)
-
-    def predict(self, z_t: torch.Tensor, t: torch.Tensor, cond: dict[str, torch.Tensor]) -> torch.Tensor:
-        inp = torch.cat([z_t.flatten(1), t[:, None].to(z_t.dtype), cond["emb"]], dim=1)
-        return self.denoiser(inp).view_as(z_t)
 
 
 def manual_surrogate(adapter: TinyAdapter, x0, cond, t, eps, adaptive: bool):  # noqa: ANN001

@@ -9,35 +9,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_models import DT
+from tiny_models import LinearVelocityAdapter as TinyAdapter
 from torch.distributions import Independent, Normal, kl_divergence
 
 from vgrpo_platform import sde
 from vgrpo_platform.finetune import enable_full_finetune
 from vgrpo_platform.protocols import RolloutBatch, SamplerSpec
-from vgrpo_platform.schedules import RectifiedFlowSchedule
 from vgrpo_platform.surrogates.flow_grpo import FlowGRPOSurrogate, euler_grid, window_mask, window_start
 from vgrpo_platform.surrogates.plugin import FlowGRPOConfig
-
-DT = torch.float64
-
-
-class TinyAdapter:
-    """A linear velocity model on a ``[2, 3]`` latent."""
-
-    modality = "image"
-    lora_target_modules = ()
-
-    def __init__(self, shift: float = 2.0) -> None:
-        torch.manual_seed(0)
-        self.denoiser = torch.nn.Linear(6 + 1 + 2, 6).to(DT)
-        self.schedule = RectifiedFlowSchedule(shift=shift)
-
-    def latent_shape(self) -> tuple[int, ...]:
-        return (2, 3)
-
-    def predict(self, z_t: torch.Tensor, t: torch.Tensor, cond: dict[str, torch.Tensor]) -> torch.Tensor:
-        inp = torch.cat([z_t.flatten(1), t[:, None].to(z_t.dtype), cond["emb"]], dim=1)
-        return self.denoiser(inp).view_as(z_t)
 
 
 def gaussian_velocity(z: torch.Tensor, t: torch.Tensor, m: float, c: float) -> torch.Tensor:

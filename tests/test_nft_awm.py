@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_models import DT
+from tiny_models import LinearVelocityAdapter as TinyAdapter
 
 from vgrpo_platform.metrics import read_metrics
 from vgrpo_platform.protocols import RolloutBatch
@@ -18,27 +20,7 @@ from vgrpo_platform.surrogates.awm import AWMSurrogate
 from vgrpo_platform.surrogates.nft import DiffusionNFTSurrogate, ema_decay, implicit_policies
 from vgrpo_platform.surrogates.plugin import AWMConfig, DiffusionNFTConfig
 
-DT = torch.float64
 TOY = Path(__file__).resolve().parents[1] / "recipes" / "toy.toml"
-
-
-class TinyAdapter:
-    """A linear velocity model on a ``[2, 3]`` latent."""
-
-    modality = "image"
-    lora_target_modules = ()
-
-    def __init__(self, shift: float = 1.0) -> None:
-        torch.manual_seed(0)
-        self.denoiser = torch.nn.Linear(6 + 1 + 2, 6).to(DT)
-        self.schedule = RectifiedFlowSchedule(shift=shift)
-
-    def latent_shape(self) -> tuple[int, ...]:
-        return (2, 3)
-
-    def predict(self, z_t: torch.Tensor, t: torch.Tensor, cond: dict[str, torch.Tensor]) -> torch.Tensor:
-        inp = torch.cat([z_t.flatten(1), t[:, None].to(z_t.dtype), cond["emb"]], dim=1)
-        return self.denoiser(inp).view_as(z_t)
 
 
 def make_batch(advantages: list[float], group_ids: list[int] | None = None, seed: int = 0) -> RolloutBatch:
@@ -92,7 +74,7 @@ def test_implicit_policies_mirror_around_the_old_policy():
 
 @pytest.mark.parametrize("beta", [1.0, 0.3])
 def test_nft_gradient_at_the_old_policy_is_the_signed_flow_matching_gradient(beta):
-    adapter = TinyAdapter()
+    adapter = TinyAdapter(shift=1.0)
     advantages = [7.0, 2.5, 0.0, -1.0, -9.0]
     batch = make_batch(advantages)
     surrogate = DiffusionNFTSurrogate(DiffusionNFTConfig(beta=beta, n_timesteps=3))
@@ -106,7 +88,7 @@ def test_nft_gradient_at_the_old_policy_is_the_signed_flow_matching_gradient(bet
 
 def test_nft_moves_toward_positive_samples_and_away_from_negative_ones():
     for advantage, sign in ((3.0, -1), (-3.0, 1), (0.0, 0)):
-        adapter = TinyAdapter()
+        adapter = TinyAdapter(shift=1.0)
         batch = make_batch([advantage])
         surrogate = DiffusionNFTSurrogate(DiffusionNFTConfig(n_timesteps=2))
         surrogate.prepare(batch, adapter, torch.Generator().manual_seed(2))
@@ -130,7 +112,7 @@ def test_nft_moves_toward_positive_samples_and_away_from_negative_ones():
 
 def test_nft_ema_old_policy_follows_the_decay_schedule_and_is_used_by_the_loss():
     assert [ema_decay(s, 2, 0.25, 0.6) for s in range(6)] == [0.0, 0.0, 0.0, 0.25, 0.5, 0.6]
-    adapter = TinyAdapter()
+    adapter = TinyAdapter(shift=1.0)
     batch = make_batch([1.0, -1.0])
     cfg = DiffusionNFTConfig(n_timesteps=2, ema_flat=0, ema_rate=0.25, ema_max=0.9)
     surrogate = DiffusionNFTSurrogate(cfg)
@@ -149,7 +131,7 @@ def test_nft_ema_old_policy_follows_the_decay_schedule_and_is_used_by_the_loss()
     t, eps, x0 = batch.extras["t"], batch.extras["eps"], batch.latents
     dev = []
     with torch.no_grad():
-        old = TinyAdapter()
+        old = TinyAdapter(shift=1.0)
         old.denoiser.weight.copy_(want_old)
         for k in range(2):
             z = (1 - t[:, k, None, None]) * x0 + t[:, k, None, None] * eps[:, k]
@@ -159,7 +141,7 @@ def test_nft_ema_old_policy_follows_the_decay_schedule_and_is_used_by_the_loss()
 
 
 def test_awm_shares_stratified_timesteps_in_a_group_but_not_the_noise():
-    adapter = TinyAdapter()
+    adapter = TinyAdapter(shift=1.0)
     batch = make_batch([1.0, -1.0, 0.5, -0.5], group_ids=[0, 0, 1, 1])
     AWMSurrogate(AWMConfig(n_mc=4)).prepare(batch, adapter, torch.Generator().manual_seed(4))
     t, eps = batch.extras["t"], batch.extras["eps"]

@@ -10,35 +10,14 @@ import types
 
 import pytest
 import torch
+from tiny_models import DT
+from tiny_models import LinearVelocityAdapter as TinyAdapter
 
 from vgrpo_platform.protocols import RolloutBatch, Surrogate
 from vgrpo_platform.schedules import RectifiedFlowSchedule
 from vgrpo_platform.surrogates.elbo import pair_loss
 from vgrpo_platform.surrogates.plugin import NaiveELBOConfig, VGRPOConfig, register_surrogates
 from vgrpo_platform.surrogates.vgrpo import VGRPOSurrogate
-
-DT = torch.float64
-
-
-class TinyAdapter:
-    """A linear velocity model on a ``[2, 3]`` latent: enough to differentiate, nothing to download."""
-
-    modality = "image"
-    lora_target_modules = ()
-
-    def __init__(self, latent_shape: tuple[int, ...] = (2, 3), cond_dim: int = 2, shift: float = 2.0) -> None:
-        torch.manual_seed(0)
-        d = math.prod(latent_shape)
-        self.denoiser = torch.nn.Linear(d + 1 + cond_dim, d).to(DT)
-        self.schedule = RectifiedFlowSchedule(shift=shift)
-        self._shape = latent_shape
-
-    def latent_shape(self) -> tuple[int, ...]:
-        return self._shape
-
-    def predict(self, z_t: torch.Tensor, t: torch.Tensor, cond: dict[str, torch.Tensor]) -> torch.Tensor:
-        inp = torch.cat([z_t.flatten(1), t[:, None].to(z_t.dtype), cond["emb"]], dim=1)
-        return self.denoiser(inp).view_as(z_t)
 
 
 def make_batch(adapter: TinyAdapter, group_ids: list[int], seed: int = 0) -> RolloutBatch:
