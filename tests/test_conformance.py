@@ -123,6 +123,14 @@ def _served_brightness(folder: Path) -> dict[str, Any]:
     return {"url": f"http://127.0.0.1:{server.server_port}", "reward": "brightness", "timeout_s": 30}
 
 
+def _fake_judge(folder: Path) -> dict[str, Any]:
+    """The ``vlm_judge`` reward's options: the fake OpenAI-compatible judge of ``fake_judge.py`` on a
+    free loopback port, in a daemon thread for the rest of the session."""
+    from fake_judge import MODEL, FakeJudge, serve_in_background
+
+    return {"base_url": serve_in_background(FakeJudge()) + "/v1", "model": MODEL, "timeout_s": 30}
+
+
 def _image_samples() -> dict[str, Any]:
     return {"samples": Samples("image", torch.rand(4, 3, 8, 8, generator=torch.Generator().manual_seed(0)))}
 
@@ -142,6 +150,13 @@ TINY: dict[tuple[str, str], tuple[Any, Any]] = {
                 "num_frames": tp.WAN_FRAMES,
                 "max_sequence_length": tp.WAN_TOKENS,
             },
+        ),
+        {},
+    ),
+    ("adapter", "qwen_image"): (
+        _tiny_diffusers(
+            "build_tiny_qwen_image",
+            lambda tp: {"resolution": tp.RESOLUTION, "max_sequence_length": tp.QWEN_TOKENS},
         ),
         {},
     ),
@@ -170,6 +185,7 @@ TINY: dict[tuple[str, str], tuple[Any, Any]] = {
     ("reward", "silence_ratio"): ({}, {}),
     ("reward", "spectral_flatness"): ({}, {}),
     ("reward", "remote"): (_served_brightness, _image_samples),  # serves image rewards here
+    ("reward", "vlm_judge"): (_fake_judge, _image_samples),
 }
 SKIP: dict[tuple[str, str], str] = {}  # (kind, name) -> why the kit cannot apply; keep it empty
 

@@ -180,3 +180,106 @@ def test_a_bug_is_not_mistaken_for_a_fault(tmp_path):
 def test_out_of_memory_is_recognised_on_gpu_and_cpu(exc, expected):
     assert is_out_of_memory(exc) is expected
     assert issubclass(RolloutOutOfMemory, Exception)
+
+
+# ------------------------------------------------------------------ faults in an evaluation
+
+
+def fail_eval_on(trainer: Trainer, iterations: set[int], failure) -> None:  # noqa: ANN001
+    """Make the first reward fail (``failure`` of its output) in the evaluations of those iterations."""
+    current = {"eval": None}
+    original_evaluate = trainer.evaluate
+
+    def evaluate(iteration: int, *, wall: float):  # noqa: ANN202
+        current["eval"] = iteration
+        try:
+            return original_evaluate(iteration, wall=wall)
+        finally:
+            current["eval"] = None
+
+    trainer.evaluate = evaluate
+    reward = trainer.session.rewards[0].reward
+    original = reward.score
+
+    def patched(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        out = original(*args, **kwargs)
+        return failure(out) if current["eval"] in iterations else out
+
+    reward.score = patched
+
+
+def pending_of(run_dir: Path) -> list[tuple[str, object]]:
+    import json
+
+    return [
+        (p.name, json.loads((p / "state.json").read_text()).get("eval_pending"))
+        for p in list_checkpoints(run_dir)
+    ]
+
+
+@pytest.mark.parametrize("at", [0, 2, 5])
+def test_stop_on_an_evaluation_fault_saves_that_iteration_and_resume_reruns_the_evaluation(tmp_path, at):
+    """The first, a middle and the final evaluation: a checkpoint of the evaluated iteration, marked
+    pending; --resume re-runs that evaluation first and ends with the uninterrupted run's metrics."""
+    every = ("eval.every=2",)
+    reference = Trainer(toy(tmp_path, "ref", *every)).run()
+
+    trainer = Trainer(toy(tmp_path, "eval", *every))
+    fail_eval_on(trainer, {at}, raise_(RuntimeError("judge offline")))
+    with pytest.raises(RewardError) as info:
+        trainer.run()
+    message = str(info.value)
+    assert "\n" not in message and "judge offline" in message
+    assert f"evaluation of iteration {at} failed; checkpoint of iteration {at} saved" in message
+    assert "--resume re-runs this evaluation" in message
+    assert ("on_fault = 'skip'" in message) is (at != 5)  # the final evaluation is never skipped
+    assert [(name, bool(p)) for name, p in pending_of(trainer.run_dir)][-1] == (f"iter_{at:06d}", True)
+    records = read_metrics(trainer.run_dir / "metrics.jsonl")
+    assert [(r["kind"], r["iteration"]) for r in records][-1:] == ([("train", at)] if at else [])
+
+    resumed = Trainer(toy(tmp_path, "eval", *every), resume=True).run()  # the reward works again
+    assert without_timing(read_metrics(resumed / "metrics.jsonl")) == without_timing(
+        read_metrics(reference / "metrics.jsonl")
+    )
+    assert all(p is None for _, p in pending_of(resumed))  # re-saved once its evaluation was done
+
+
+def test_skip_drops_a_failed_evaluation_and_goes_on_but_not_the_final_one(tmp_path):
+    every = ("eval.every=2", "train.on_fault='skip'")
+    trainer = Trainer(toy(tmp_path, "skip_eval", *every))
+    fail_eval_on(trainer, {0, 2, 5}, nan_scores)
+    with pytest.raises(RewardError) as info:
+        trainer.run()
+    message = str(info.value)
+    assert "the final evaluation of iteration 5 failed" in message and "never skipped" in message
+    records = read_metrics(trainer.run_dir / "metrics.jsonl")
+    kinds = [(r["kind"], r["iteration"]) for r in records]
+    assert kinds == [
+        ("eval_skipped", 0),
+        ("train", 1),
+        ("train", 2),
+        ("eval_skipped", 2),
+        ("train", 3),
+        ("train", 4),
+        ("eval", 4),
+        ("train", 5),
+    ]
+    assert "returned nan" in records[0]["reason"] and "rewards must be finite" in records[0]["reason"]
+    assert [(name, bool(p)) for name, p in pending_of(trainer.run_dir)] == [("iter_000005", True)]
+    resumed = Trainer(toy(tmp_path, "skip_eval", *every), resume=True).run()
+    kinds = [(r["kind"], r["iteration"]) for r in read_metrics(resumed / "metrics.jsonl")]
+    assert kinds[-2:] == [("train", 5), ("eval", 5)]
+
+
+def test_evaluation_faults_count_towards_max_consecutive_skips(tmp_path):
+    trainer = Trainer(
+        toy(tmp_path, "in_a_row", "train.on_fault='skip'", "train.max_consecutive_skips=2", "eval.every=1")
+    )
+    fail_on(trainer, "reward", {2}, nan_scores)  # iteration 2 skipped: one fault
+    fail_eval_on(trainer, {2}, nan_scores)  # its evaluation: the second in a row
+    with pytest.raises(RewardError) as info:
+        trainer.run()
+    assert "max_consecutive_skips" in str(info.value)
+    kinds = [(r["kind"], r["iteration"]) for r in read_metrics(trainer.run_dir / "metrics.jsonl")]
+    assert kinds == [("eval", 0), ("train", 1), ("eval", 1), ("skipped", 2)]
+    assert [name for name, _ in pending_of(trainer.run_dir)] == ["iter_000002"]

@@ -282,10 +282,12 @@ def test_remote_passes_the_reward_conformance_kit():
 
 
 @contextmanager
-def serve_reward_process(name: str) -> Iterator[tuple[subprocess.Popen, str]]:
-    """``vgrpo serve-reward NAME`` in a subprocess on a free loopback port; yields it and its URL."""
+def serve_reward_process(name: str, *options: str) -> Iterator[tuple[subprocess.Popen, str]]:
+    """``vgrpo serve-reward NAME --option ...`` in a subprocess on a free loopback port; yields it and
+    its URL."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "vgrpo_platform", "serve-reward", name, "--host", HOST, "--port", "0"]
+    cmd += [a for option in options for a in ("--option", option)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     try:
         lines: list[str] = []
@@ -299,7 +301,28 @@ def serve_reward_process(name: str) -> Iterator[tuple[subprocess.Popen, str]]:
         proc.wait(timeout=30)
 
 
-def test_training_scores_remotely_then_skips_and_stops_once_the_server_is_killed(tmp_path):
+def kill_before_iteration(monkeypatch, iteration: int, proc: subprocess.Popen) -> None:  # noqa: ANN001
+    """The server dies between iterations ``iteration - 1`` and ``iteration`` of every Trainer."""
+    from vgrpo_platform.train import Trainer
+
+    original_iterate = Trainer.iterate
+
+    def iterate(self, i: int):  # noqa: ANN001, ANN202
+        if i == iteration and proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        return original_iterate(self, i)
+
+    monkeypatch.setattr(Trainer, "iterate", iterate)
+
+
+def test_training_scores_remotely_then_skips_and_stops_once_the_server_is_killed(tmp_path, monkeypatch):
+    """Under "skip" the iteration the dead server spoils is skipped; the final evaluation is never
+    skipped, so the run stops with the checkpoint of iteration 2, and --resume against a restarted
+    server runs only that evaluation."""
+    import json
+
+    from vgrpo_platform.checkpoint import list_checkpoints
     from vgrpo_platform.metrics import read_metrics
     from vgrpo_platform.recipe import resolve_recipe
     from vgrpo_platform.train import Trainer
@@ -316,7 +339,8 @@ def test_training_scores_remotely_then_skips_and_stops_once_the_server_is_killed
     ]
     local = Trainer(resolve_recipe(toy, [*base, "run.name='local'"]))
     local.run()
-    with serve_reward_process("brightness") as (proc, url):
+
+    def remote_recipe(url: str):  # noqa: ANN202
         remote_options = [
             f"rewards.0.options.url={url!r}",
             "rewards.0.options.reward='brightness'",
@@ -324,29 +348,135 @@ def test_training_scores_remotely_then_skips_and_stops_once_the_server_is_killed
             "rewards.0.options.retries=1",
             "rewards.0.options.backoff_s=0.05",
         ]
-        trainer = Trainer(
-            resolve_recipe(toy, [*base, "run.name='remote'", "rewards.0.name='remote'", *remote_options])
-        )
-        original_iterate = trainer.iterate
+        return resolve_recipe(toy, [*base, "run.name='remote'", "rewards.0.name='remote'", *remote_options])
 
-        def iterate(iteration: int):  # noqa: ANN202 - the server dies between iterations 1 and 2
-            if iteration == 2:
-                proc.kill()
-                proc.wait(timeout=30)
-            return original_iterate(iteration)
-
-        trainer.iterate = iterate
-        with pytest.raises(RewardError) as excinfo:  # the final evaluation is not a skippable fault
+    with serve_reward_process("brightness") as (proc, url):
+        trainer = Trainer(remote_recipe(url))
+        kill_before_iteration(monkeypatch, 2, proc)
+        with pytest.raises(RewardError) as excinfo:
             trainer.run()
-    one_line_error(excinfo, "cannot reach the reward server", "vgrpo serve-reward")
+    message = one_line_error(excinfo, "cannot reach the reward server", "vgrpo serve-reward")
+    assert "the final evaluation of iteration 2 failed; checkpoint of iteration 2 saved" in message
+    assert "never skipped" in message
     here = {r["iteration"]: r for r in read_metrics(local.run_dir / "metrics.jsonl") if r["kind"] == "train"}
     records = read_metrics(trainer.run_dir / "metrics.jsonl")
-    kinds = [(r["kind"], r["iteration"]) for r in records if r["kind"] != "eval"]
-    assert kinds == [("train", 1), ("skipped", 2)]
-    evals = [r for r in records if r["kind"] == "eval"]
+    assert [(r["kind"], r["iteration"]) for r in records] == [("eval", 0), ("train", 1), ("skipped", 2)]
     local_eval = next(r for r in read_metrics(local.run_dir / "metrics.jsonl") if r["kind"] == "eval")
-    assert [r["iteration"] for r in evals] == [0] and evals[0]["reward"] == local_eval["reward"]
-    there = next(r for r in records if r["kind"] == "train")
+    assert records[0]["reward"] == local_eval["reward"]
+    there = records[1]
     assert there["reward"] == here[1]["reward"] and there["reward/remote"] == here[1]["reward/brightness"]
-    skipped = next(r for r in records if r["kind"] == "skipped")
+    skipped = records[2]
     assert "cannot reach the reward server" in skipped["reason"] and "vgrpo serve-reward" in skipped["reason"]
+    [checkpoint] = list_checkpoints(trainer.run_dir)
+    assert checkpoint.name == "iter_000002"
+    assert json.loads((checkpoint / "state.json").read_text())["eval_pending"] is not None
+
+    with serve_reward_process("brightness") as (_, url):  # back up, on another port
+        Trainer(remote_recipe(url), resume=True).run()
+    records = read_metrics(trainer.run_dir / "metrics.jsonl")
+    assert [(r["kind"], r["iteration"]) for r in records][-2:] == [("skipped", 2), ("eval", 2)]
+    assert "eval_pending" not in json.loads((checkpoint / "state.json").read_text())
+
+
+# ------------------------------------------------------------- the quickstart through a server
+
+QUICKSTART = os.path.join(os.path.dirname(__file__), "..", "recipes", "quickstart.toml")
+QUICK = [
+    "log.progress='none'",
+    "train.iterations=2",
+    "rollout.prompts_per_iteration=2",
+    "rollout.group_size=4",
+    "eval.every=0",
+    "eval.max_prompts=8",
+    "eval.samples_per_prompt=2",
+    "log.diagnostics_every=0",
+    "log.checkpoint_every=0",
+    "log.save_grids=false",
+]
+SERVED_OPTIONS = ("objective=product",)  # what recipes/quickstart.toml gives its shapes reward
+
+
+def remote_table(url: str) -> str:
+    options = f"url = {url!r}, reward = 'shapes', timeout_s = 60, retries = 1, backoff_s = 0.05"
+    return f"rewards.0.options={{{options}}}"
+
+
+def comparable(records: list[dict]) -> list[dict]:
+    """Records without timing, the ``remote`` reward's keys under the name of the reward it serves."""
+
+    def key(k: str) -> str:
+        parts = k.split("/")
+        if len(parts) >= 2 and parts[1] == "remote":
+            parts[1] = "shapes"
+        return "/".join(parts)
+
+    return [
+        {key(k): v for k, v in r.items() if not k.startswith("time_") and k != "wall_seconds"}
+        for r in records
+    ]
+
+
+def vgrpo(monkeypatch, *argv: str) -> int:  # noqa: ANN001
+    """``vgrpo ARGV`` through the console entry point, in this process; returns its exit code."""
+    from vgrpo_platform import cli
+
+    monkeypatch.setattr(sys, "argv", ["vgrpo", *argv])
+    try:
+        cli.main()
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return 0
+
+
+def test_quickstart_through_serve_reward_equals_in_process_and_a_killed_server_resumes(
+    tmp_path, monkeypatch, capsys
+):
+    """Done-when of "Rewards at scale": the quickstart recipe, 2 iterations, scored by
+    ``vgrpo serve-reward shapes`` gives exactly the in-process run's metrics; the server killed after
+    iteration 1 ends ``vgrpo run`` with one error line and the checkpoint of iteration 1, and
+    ``--resume`` against a restarted server ends with the uninterrupted run's metrics."""
+    from vgrpo_platform.checkpoint import list_checkpoints
+    from vgrpo_platform.metrics import read_metrics
+    from vgrpo_platform.recipe import resolve_recipe
+    from vgrpo_platform.train import Trainer
+
+    out = f"run.output_dir={tmp_path.as_posix()!r}"
+    local = Trainer(resolve_recipe(QUICKSTART, [*QUICK, out, "run.name='local'"])).run()
+    expected = comparable(read_metrics(local / "metrics.jsonl"))
+    assert [(r["kind"], r["iteration"]) for r in expected] == [
+        ("eval", 0),
+        ("train", 1),
+        ("train", 2),
+        ("eval", 2),
+    ]
+
+    def sets(name: str, url: str, *extra: str) -> list[str]:
+        items = [*QUICK, out, f"run.name={name!r}", "rewards.0.name='remote'", remote_table(url), *extra]
+        return [a for item in items for a in ("--set", item)]
+
+    with serve_reward_process("shapes", *SERVED_OPTIONS) as (proc, url):
+        remote = Trainer(resolve_recipe(QUICKSTART, sets("remote", url)[1::2])).run()
+        assert comparable(read_metrics(remote / "metrics.jsonl")) == expected
+        assert "reward/remote" in read_metrics(remote / "metrics.jsonl")[0]  # the recipe's key: its name
+
+        kill_before_iteration(monkeypatch, 2, proc)
+        capsys.readouterr()
+        code = vgrpo(monkeypatch, "run", QUICKSTART, *sets("cut", url, "train.on_fault='stop'"))
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    # stderr also holds the model loader's progress bar; the run's own report is its last line
+    assert code == 2 and len(errors) == 1 and err.splitlines()[-1] == errors[0], err
+    assert "cannot reach the reward server" in errors[0] and "vgrpo serve-reward" in errors[0]
+    assert "checkpoint of iteration 1 saved; --resume retries from there" in errors[0]
+    run_dir = tmp_path / "cut"
+    assert [p.name for p in list_checkpoints(run_dir)] == ["iter_000001"]
+    assert [(r["kind"], r["iteration"]) for r in read_metrics(run_dir / "metrics.jsonl")] == [
+        ("eval", 0),
+        ("train", 1),
+    ]
+
+    monkeypatch.undo()  # the real Trainer.iterate again
+    with serve_reward_process("shapes", *SERVED_OPTIONS) as (_, url):  # restarted, on another port
+        code = vgrpo(monkeypatch, "run", QUICKSTART, *sets("cut", url, "train.on_fault='stop'"), "--resume")
+    assert code == 0, capsys.readouterr().err
+    assert comparable(read_metrics(run_dir / "metrics.jsonl")) == expected

@@ -1,11 +1,12 @@
-"""Tiny FLUX, SD3, Wan and LongCat-AudioDiT pipelines built from configs, offline, saved in the diffusers
-folder layout.
+"""Tiny FLUX, SD3, Wan, Qwen-Image and LongCat-AudioDiT pipelines built from configs, offline, saved in the
+diffusers folder layout.
 
 Every component is the real library class at toy size (the shapes of diffusers' own
 ``get_dummy_components`` tests), so the adapters load them through the same
 ``FluxPipeline.from_pretrained`` / ``StableDiffusion3Pipeline.from_pretrained`` path as a real checkpoint.
-Tokenizers are built in memory: a byte-level ``CLIPTokenizer`` (the toy adapter's) and a ``T5Tokenizer``
-whose unigram vocabulary is the printable ASCII characters, so any prompt tokenizes without a download.
+Tokenizers are built in memory: a byte-level ``CLIPTokenizer`` (the toy adapter's), a ``T5Tokenizer``
+whose unigram vocabulary is the printable ASCII characters, and a byte-level BPE ``Qwen2Tokenizer``
+(``qwen_tokenizer``), so any prompt tokenizes without a download.
 
 Sizes: VAE with 2 blocks (8x fewer pixels per latent side -> 2x here), 4 latent channels; at 32 px the
 latents are ``[4, 16, 16]``, which FLUX packs into 64 tokens of 16 channels.
@@ -19,6 +20,7 @@ from pathlib import Path
 import torch
 from diffusers import (
     AutoencoderKL,
+    AutoencoderKLQwenImage,
     AutoencoderKLWan,
     FlowMatchEulerDiscreteScheduler,
     FluxPipeline,
@@ -26,15 +28,21 @@ from diffusers import (
     LongCatAudioDiTPipeline,
     LongCatAudioDiTTransformer,
     LongCatAudioDiTVae,
+    QwenImagePipeline,
+    QwenImageTransformer2DModel,
     SD3Transformer2DModel,
     StableDiffusion3Pipeline,
     WanPipeline,
     WanTransformer3DModel,
 )
+from tokenizers import AddedToken, pre_tokenizers
 from transformers import (
     CLIPTextConfig,
     CLIPTextModel,
     CLIPTextModelWithProjection,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen2Tokenizer,
     T5Config,
     T5EncoderModel,
     T5Tokenizer,
@@ -47,6 +55,45 @@ CLIP_TOKENS = 32  # CLIP's model_max_length in the tiny pipelines (77 in the rea
 RESOLUTION = 32  # the image side the tests use; latents are RESOLUTION / 2 per side
 WAN_SIDE, WAN_FRAMES, WAN_TOKENS = 32, 5, 16  # tiny Wan clips: latents [4, 2, 4, 4]
 AUDIO_RATE, AUDIO_HOP, AUDIO_LATENT_DIM, AUDIO_TOKENS = 8000, 64, 8, 12  # tiny LongCat-AudioDiT
+QWEN_TOKENS = 64  # tiny Qwen-Image: text tokens kept per prompt (a prompt's characters + 5 template tokens)
+# Qwen-Image's own scheduler config (huggingface.co/Qwen/Qwen-Image, scheduler/scheduler_config.json)
+QWEN_SCHEDULER = {
+    "base_image_seq_len": 256,
+    "base_shift": 0.5,
+    "max_image_seq_len": 8192,
+    "max_shift": 0.9,
+    "num_train_timesteps": 1000,
+    "shift": 1.0,
+    "shift_terminal": 0.02,
+    "time_shift_type": "exponential",
+    "use_dynamic_shifting": True,
+}
+# The words of QwenImagePipeline's prompt template, each one BPE token as in the real Qwen2 vocabulary
+# (a leading space is part of the word): the template's prefix is then 34 tokens, the number of tokens
+# the pipeline drops (prompt_template_encode_start_idx), and what is kept is the prompt and the template's
+# 5-token suffix, as with the real tokenizer.
+QWEN_TEMPLATE_WORDS = (
+    "system",
+    "Describe",
+    " the",
+    " image",
+    " by",
+    " detailing",
+    " color",
+    " shape",
+    " size",
+    " texture",
+    " quantity",
+    " text",
+    " spatial",
+    " relationships",
+    " of",
+    " objects",
+    " and",
+    " background",
+    "user",
+    "assistant",
+)
 
 
 def t5_tokenizer() -> T5Tokenizer:
@@ -257,6 +304,101 @@ def build_tiny_wan(folder: str | Path, seed: int = 0, responsive_vae: bool = Fal
                 rope_max_seq_len=32,
             ),
             scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+        )
+    pipe.save_pretrained(folder)
+    return Path(folder)
+
+
+def qwen_tokenizer() -> Qwen2Tokenizer:
+    """A byte-level BPE ``Qwen2Tokenizer`` built in memory: Qwen2's pre-tokenizer and special tokens
+    (``<|endoftext|>`` pads, ``<|im_start|>`` / ``<|im_end|>`` frame the chat template), the 256 byte
+    symbols, and merge chains that make each of ``QWEN_TEMPLATE_WORDS`` one token. Any other text falls
+    back to (mostly) one token per character. Longer words take the lower merge ranks, so that a short
+    word's chain never pre-empts a longer one's."""
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    vocab = {token: i for i, token in enumerate(specials)}
+    for symbol in sorted(pre_tokenizers.ByteLevel.alphabet()):  # the byte-level symbols GPT-2 / Qwen use
+        vocab[symbol] = len(vocab)
+    merges: list[tuple[str, str]] = []
+    for word in sorted(QWEN_TEMPLATE_WORDS, key=lambda w: (-len(w), w)):
+        symbols = list(word.replace(" ", "\u0120"))  # byte-level: the space byte is "\u0120" (G-dot)
+        merged = symbols[0]
+        for symbol in symbols[1:]:
+            if (merged, symbol) not in merges:
+                merges.append((merged, symbol))
+            merged += symbol
+            vocab.setdefault(merged, len(vocab))
+    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=merges, model_max_length=2048)
+    tokenizer.add_tokens([AddedToken(token, special=True, normalized=False) for token in specials[1:]])
+    return tokenizer
+
+
+def _qwen_vl(tokenizer: Qwen2Tokenizer, hidden: int = 32) -> Qwen2_5_VLForConditionalGeneration:
+    """Qwen2.5-VL at toy size (diffusers' own dummy shapes, with ``hidden`` text channels); its vision
+    tower is built but never used by the text-to-image pipeline."""
+    ids = {
+        "bos_token_id": tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        "eos_token_id": tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+    config = Qwen2_5_VLConfig(
+        text_config={
+            "vocab_size": len(tokenizer),
+            "hidden_size": hidden,
+            "intermediate_size": 37,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 2,
+            "rope_scaling": {"mrope_section": [2, 2, 4], "rope_type": "default", "type": "default"},
+            "rope_theta": 1000000.0,
+            **ids,
+        },
+        vision_config={
+            "depth": 1,
+            "hidden_size": 16,
+            "intermediate_size": 16,
+            "num_heads": 2,
+            "out_hidden_size": hidden,
+        },
+        vocab_size=len(tokenizer),
+        **ids,
+    )
+    return Qwen2_5_VLForConditionalGeneration(config).eval()
+
+
+def build_tiny_qwen_image(folder: str | Path, seed: int = 0, shift_terminal: float | None = 0.02) -> Path:
+    """``QwenImagePipeline`` at toy size: ``QwenImageTransformer2DModel`` (2 blocks), the video VAE
+    ``AutoencoderKLQwenImage`` with 4 latent channels and 4x spatial downsampling (at 32 px: latents
+    ``[4, 8, 8]``, 16 packed tokens), a tiny Qwen2.5-VL text encoder, ``qwen_tokenizer``, and Qwen-Image's
+    own scheduler config (``shift_terminal`` replaceable: ``None`` gives a grid without the terminal
+    stretch)."""
+    tok = qwen_tokenizer()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        pipe = QwenImagePipeline(
+            scheduler=FlowMatchEulerDiscreteScheduler(**{**QWEN_SCHEDULER, "shift_terminal": shift_terminal}),
+            vae=AutoencoderKLQwenImage(
+                base_dim=24,
+                z_dim=4,
+                dim_mult=[1, 2, 4],
+                num_res_blocks=1,
+                temperal_downsample=[False, True],
+                latents_mean=[0.1, -0.2, 0.0, 0.3],
+                latents_std=[1.5, 0.8, 1.0, 2.0],
+            ),
+            text_encoder=_qwen_vl(tok),
+            tokenizer=tok,
+            transformer=QwenImageTransformer2DModel(
+                patch_size=2,
+                in_channels=16,
+                out_channels=4,
+                num_layers=2,
+                attention_head_dim=16,
+                num_attention_heads=2,
+                joint_attention_dim=32,
+                guidance_embeds=False,
+                axes_dims_rope=(8, 4, 4),
+            ),
         )
     pipe.save_pretrained(folder)
     return Path(folder)

@@ -7,7 +7,9 @@ the diversity of each prompt's samples: what the reward-hacking monitor watches 
 
 Data parallel: each rank samples a contiguous block of the prompts with the noise of the whole set
 (each sample gets its single-process noise); sharded models need the same number of forwards on every
-rank, so a smaller share is padded and the padding dropped. Scores are gathered to every rank.
+rank, so a smaller share is padded and the padding dropped. Scores are gathered to every rank, and
+so is a ``RewardError``: when one rank's rewards fail, every rank raises it after the same gather
+(none is left waiting), which lets training handle it by ``train.on_fault`` on all ranks alike.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 import torch
 
 from vgrpo_platform.distributed import gather_objects, lockstep_rows, shard_of
+from vgrpo_platform.errors import RewardError
 from vgrpo_platform.grids import save_grid
 from vgrpo_platform.monitor import DIVERSITY, EVAL_ONLY_TOTAL
 from vgrpo_platform.protocols import SamplerSpec, Samples
@@ -167,7 +170,8 @@ def evaluate(
     # sharded models need equal forward counts on all ranks: a smaller share is padded (and dropped)
     padding = lockstep_rows(shard, len(prompts)) - len(mine)  # 0 on one process
     rewards = [*session.rewards, *session.eval_rewards]
-    local: dict[str, Any] = {"terms": {}, "details": {}, "diversity": []}
+    local: dict[str, Any] = {"terms": {}, "details": {}, "diversity": [], "error": None}
+    failure: RewardError | None = None
     images: list[torch.Tensor] = []
     samples = None
     if mine or padding:
@@ -186,16 +190,25 @@ def evaluate(
         samples = replace(samples, data=samples.data[:real])
         flat_prompts = [mine[int(g)] for g in group_ids[:real]]
         if real:
-            terms, details = score_all(
-                rewards, samples, flat_prompts, step=step, offload_device=offload_device
-            )
-            local["terms"] = {k: v.tolist() for k, v in terms.items()}
-            local["details"] = {k: v.tolist() for k, v in details.items()}
-            if per_prompt >= 2:
-                local["diversity"] = diversity(samples.data, per_prompt).tolist()
-            if keep_samples:
-                images = [samples.data.cpu()]
+            try:
+                terms, details = score_all(
+                    rewards, samples, flat_prompts, step=step, offload_device=offload_device
+                )
+            except RewardError as exc:  # raised below, after every rank has reached the gather
+                failure, local["error"] = exc, str(exc)
+            else:
+                local["terms"] = {k: v.tolist() for k, v in terms.items()}
+                local["details"] = {k: v.tolist() for k, v in details.items()}
+                if per_prompt >= 2:
+                    local["diversity"] = diversity(samples.data, per_prompt).tolist()
+                if keep_samples:
+                    images = [samples.data.cpu()]
     gathered = gather_objects(accelerator, [local])  # rank order = prompt order
+    if failure is not None:
+        raise failure
+    errors = [part["error"] for part in gathered if part.get("error") is not None]
+    if errors:  # another rank's rewards failed: this one stops with the same message
+        raise RewardError(errors[0])
     terms = {r.key: _joined(gathered, "terms", r.key) for r in rewards}
     detail_keys = sorted({k for part in gathered for k in part["details"]})
     details = {k: _joined(gathered, "details", k) for k in detail_keys}

@@ -7,6 +7,13 @@ has happened yet, the weights are exactly those after the previous iteration, so
 is exact) and exits with a one-line error; ``--resume`` then retries the same iteration. Under
 ``"skip"`` the iteration is dropped (no update, a ``kind = "skipped"`` line in ``metrics.jsonl``) and
 training goes on, until ``train.max_consecutive_skips`` faults in a row stop it.
+
+A ``RewardError`` during an evaluation (the first, one every ``eval.every``, the final one) follows
+the same policy. The evaluated iteration's training is done, so "stop" saves the checkpoint *of that
+iteration*, marked ``eval_pending`` and holding the RNG state from before the evaluation: ``--resume``
+re-runs exactly that evaluation, then goes on. "skip" writes a ``kind = "eval_skipped"`` line and goes
+on (it counts towards ``train.max_consecutive_skips``); the final evaluation, the run's result, is
+never skipped: the run stops as under "stop" and ``--resume`` runs only that evaluation.
 """
 
 from __future__ import annotations
@@ -64,4 +71,20 @@ def with_policy_hint(exc: VgrpoError, policy: str, saved: int | None) -> VgrpoEr
         else "no checkpoint written for this iteration; --resume continues from the last one"
     )
     hint = "" if policy == "skip" else "; set train.on_fault = 'skip' to drop such iterations"
+    return type(exc)(f"{exc} [{where}{hint}]")
+
+
+def with_evaluation_hint(exc: VgrpoError, iteration: int, *, policy: str, final: bool) -> VgrpoError:
+    """The error a run stopped by an evaluation's fault reports (the checkpoint of ``iteration`` is saved)."""
+    what = "the final evaluation" if final else "the evaluation"
+    where = (
+        f"{what} of iteration {iteration} failed; checkpoint of iteration {iteration} saved; "
+        "--resume re-runs this evaluation"
+    )
+    if final:
+        hint = ", the run's result, which is never skipped" if policy == "skip" else ""
+    elif policy == "skip":
+        hint = " and goes on (stopped: train.max_consecutive_skips faults in a row)"
+    else:
+        hint = " and goes on; set train.on_fault = 'skip' to skip such evaluations"
     return type(exc)(f"{exc} [{where}{hint}]")

@@ -18,6 +18,8 @@ How it departs from textbook GRPO (see docs/concepts.md):
   each prompt's sample diversity; ``[eval.monitor]`` stops the run with a checkpoint when the reward
   rises while one of them falls (``monitor.py``). ``log.trackers`` mirror ``metrics.jsonl`` and the
   grids to TensorBoard / W&B / MLflow through accelerate (``tracking.py``).
+- A fault (``faults.py``) follows ``train.on_fault``, in an iteration or in an evaluation: "stop"
+  saves an exact checkpoint and raises a one-line error, "skip" logs the skip and goes on.
 - Under ``accelerate launch`` / ``torchrun`` each process rolls out a contiguous block of whole prompt
   groups; rewards are gathered, so advantages and metrics see the global batch, and the random draws
   are made for the global batch on every rank (``distributed.py``): N processes equal one process.
@@ -60,6 +62,7 @@ from vgrpo_platform.faults import (
     is_out_of_memory,
     non_finite_loss,
     out_of_memory,
+    with_evaluation_hint,
     with_policy_hint,
 )
 from vgrpo_platform.grids import save_before_after
@@ -169,6 +172,9 @@ class Trainer:
         self.start_iteration = 0
         self.stepped = self.half_step = False  # see run() and update()
         self.elapsed = 0.0  # seconds of training before this process (resumed runs)
+        self.t_start = 0.0  # set by run(): perf_counter() of a training start with no time behind it
+        # set by --resume from a checkpoint whose evaluation failed (faults.py): {"wall_seconds": ...}
+        self.eval_pending: dict | None = None
         self.diagnostics_seconds = 0.0  # spent on log.diagnostics_every in this process, not in wall_seconds
         if resume:
             self._restore()
@@ -192,7 +198,7 @@ class Trainer:
         main = self.accelerator.is_main_process
         progress = Progress(recipe.log.progress if main else "none", total, start=self.start_iteration)
         stop = _StopFlag()
-        t_start = time.perf_counter() - self.elapsed
+        self.t_start = time.perf_counter() - self.elapsed  # see _elapsed()
         if self.shard.world > 1:
             progress.message(f"data parallel: {self.shard.world} processes, {describe(self.accelerator)}")
         self.tracking.start(
@@ -202,13 +208,22 @@ class Trainer:
         )
         try:
             with stop.installed():
-                if self.start_iteration == 0:
-                    before = self.evaluate(0, wall=0.0)
-                    progress.message(f"eval @0: reward {before['reward']:.4f}")
-                    self._watch(before)
-                iteration = self.start_iteration
                 faults_in_a_row = 0
-                for iteration in range(self.start_iteration + 1, total + 1):
+                first = self.start_iteration + 1
+                if self.start_iteration == 0 or self.eval_pending is not None:
+                    # the evaluation before training, or the one a stopped run left to do (--resume)
+                    pending, at = self.eval_pending, self.start_iteration
+                    wall = pending["wall_seconds"] if pending else 0.0
+                    evaluated, faults_in_a_row = self._evaluation(at, wall, faults_in_a_row, progress)
+                    alarm = self._watch(evaluated) if evaluated is not None else None
+                    if pending is not None:  # its checkpoint becomes the one an uninterrupted run saves
+                        self.save(at, self._elapsed())
+                        self.eval_pending = None
+                        if alarm and at > 0:  # the uninterrupted run stopped here
+                            self._stopped_by_monitor(alarm, at, progress)
+                            first = total + 1
+                iteration = self.start_iteration
+                for iteration in range(first, total + 1):
                     before_iteration = self._loop_state()
                     self.stepped = self.half_step = False
                     try:
@@ -216,34 +231,32 @@ class Trainer:
                         faults_in_a_row = 0
                     except FAULTS as fault:
                         faults_in_a_row += 1
-                        elapsed = time.perf_counter() - t_start - self.diagnostics_seconds
+                        elapsed = self._elapsed()
                         record = self._on_fault(fault, iteration, before_iteration, faults_in_a_row, elapsed)
                         progress.message(f"skipped iteration {iteration}: {fault}")
                     # wall-clock of the method: the optional diagnostics' seconds are left out
-                    record["wall_seconds"] = time.perf_counter() - t_start - self.diagnostics_seconds
+                    record["wall_seconds"] = self._elapsed()
                     self._write(record)
                     progress.update(iteration, _headline(record))
                     last = iteration == total
                     alarm = None
                     if recipe.eval.every and iteration % recipe.eval.every == 0 or last:
-                        evaluated = self.evaluate(iteration, wall=record["wall_seconds"])
-                        progress.message(f"eval @{iteration}: reward {evaluated['reward']:.4f}")
-                        alarm = self._watch(evaluated)
+                        wall = record["wall_seconds"]
+                        evaluated, faults_in_a_row = self._evaluation(
+                            iteration, wall, faults_in_a_row, progress
+                        )
+                        alarm = self._watch(evaluated) if evaluated is not None else None
                     every = recipe.log.checkpoint_every
                     stop.requested = self._any_rank(stop.requested)  # all ranks stop at the same iteration
                     if last or stop.requested or alarm or (every and iteration % every == 0):
-                        self.save(iteration, time.perf_counter() - t_start - self.diagnostics_seconds)
+                        self.save(iteration, self._elapsed())
                     if stop.requested:
                         progress.message(
                             f"{stop.signal_name}: saved iteration {iteration}; continue with --resume"
                         )
                         raise KeyboardInterrupt
                     if alarm:
-                        self._write({"kind": "stopped", "iteration": iteration, "reason": alarm})
-                        progress.message(
-                            f"{alarm}; stopped at iteration {iteration} with a checkpoint. --resume goes "
-                            "on, but earlier evaluations still count: loosen [eval.monitor] first"
-                        )
+                        self._stopped_by_monitor(alarm, iteration, progress)
                         break
         finally:
             progress.close()
@@ -258,6 +271,17 @@ class Trainer:
         if self.accelerator.is_main_process:
             self._summary(progress)
         return self.run_dir
+
+    def _elapsed(self) -> float:
+        """Seconds of training so far, resumed runs included, the optional diagnostics left out."""
+        return time.perf_counter() - self.t_start - self.diagnostics_seconds
+
+    def _stopped_by_monitor(self, alarm: str, iteration: int, progress: Progress) -> None:
+        self._write({"kind": "stopped", "iteration": iteration, "reason": alarm})
+        progress.message(
+            f"{alarm}; stopped at iteration {iteration} with a checkpoint. --resume goes "
+            "on, but earlier evaluations still count: loosen [eval.monitor] first"
+        )
 
     def _write(self, record: dict) -> None:
         """One ``metrics.jsonl`` line, mirrored to the trackers (main process only)."""
@@ -303,6 +327,39 @@ class Trainer:
             raise with_policy_hint(fault, hint_policy, saved) from fault
         self.optimizer.zero_grad(set_to_none=True)
         return {"kind": "skipped", "iteration": iteration, "reason": str(fault)}
+
+    def _evaluation(
+        self, iteration: int, wall: float, in_a_row: int, progress: Progress
+    ) -> tuple[dict | None, int]:
+        """The evaluation at ``iteration`` under ``train.on_fault``: its record (None when it was skipped)
+        and the faults in a row so far.
+
+        A ``RewardError`` (raised on every rank alike, see ``evaluation.evaluate``) is a fault as in an
+        iteration. "skip" writes ``{"kind": "eval_skipped", "iteration", "wall_seconds", "reason"}``
+        and goes on, except for the final evaluation (the run's result) and after
+        ``train.max_consecutive_skips`` faults in a row. Otherwise the run stops: the checkpoint of
+        ``iteration`` (whose training is done) is saved with the RNG state from before the evaluation
+        and marked ``eval_pending``, so ``--resume`` re-runs exactly this evaluation, then goes on.
+        """
+        before = self._loop_state()
+        try:
+            record = self.evaluate(iteration, wall=wall)
+        except RewardError as fault:
+            in_a_row += 1
+            t = self.recipe.train
+            final = iteration == t.iterations
+            if t.on_fault == "skip" and not final and in_a_row < t.max_consecutive_skips:
+                reason = str(fault)
+                self._write(
+                    {"kind": "eval_skipped", "iteration": iteration, "wall_seconds": wall, "reason": reason}
+                )
+                progress.message(f"skipped the evaluation of iteration {iteration}: {fault}")
+                return None, in_a_row
+            self._set_loop_state(before)  # the evaluation drew nothing the checkpoint should miss
+            self.save(iteration, self._elapsed(), eval_pending={"wall_seconds": wall})
+            raise with_evaluation_hint(fault, iteration, policy=t.on_fault, final=final) from fault
+        progress.message(f"eval @{iteration}: reward {record['reward']:.4f}")
+        return record, in_a_row
 
     def _rng_state(self) -> dict[str, torch.Tensor]:
         """Every RNG state the loop draws from (what a checkpoint stores under ``rng``)."""
@@ -550,8 +607,11 @@ class Trainer:
         return record
 
     # ------------------------------------------------------------------------------------ checkpoints
-    def save(self, iteration: int, elapsed: float) -> Path | None:
-        """Every rank gathers the full state (sharded parameters); the main process writes it."""
+    def save(self, iteration: int, elapsed: float, *, eval_pending: dict | None = None) -> Path | None:
+        """Every rank gathers the full state (sharded parameters); the main process writes it.
+
+        ``eval_pending``: the evaluation of ``iteration`` failed and is still to do (``_evaluation``).
+        """
         weights = sharding.full_weights(self.session.trainable)
         optimizer = sharding.gather_optimizer(self.optimizer, self.params)
         averaged = self.average.full_state() if self.average is not None else None
@@ -567,6 +627,7 @@ class Trainer:
                     "fingerprint": fingerprint(self.recipe),
                     "prompt_sampler": self.prompts.state_dict(),
                     "elapsed_seconds": elapsed,
+                    **({"eval_pending": eval_pending} if eval_pending is not None else {}),
                 },
                 keep_last=self.recipe.log.keep_last,
                 averaged=averaged,
@@ -611,6 +672,7 @@ class Trainer:
         self.prompts.load_state_dict(ckpt.state["prompt_sampler"])
         self.start_iteration = int(ckpt.state["iteration"])
         self.elapsed = float(ckpt.state.get("elapsed_seconds", 0.0))
+        self.eval_pending = ckpt.state.get("eval_pending")
 
     def _check_run_dir(self, resume: bool) -> None:
         if not resume and list_checkpoints(self.run_dir):

@@ -1,0 +1,67 @@
+"""Entry module of the ``qwen_image`` adapter: its options and registration only, no torch at import time.
+
+Qwen-Image (20B MMDiT) through ``diffusers.QwenImagePipeline``: the transformer is trained, the video VAE
+and the Qwen2.5-VL text encoder stay frozen; true classifier-free guidance is optional in rollouts and in
+the surrogate. See docs/adapters.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+from vgrpo_adapters._diffusers_options import DiffusersAdapterConfig
+
+from vgrpo_platform.hookspecs import hookimpl
+
+
+class QwenImageAdapterConfig(DiffusersAdapterConfig):
+    """Options of ``[adapter.options]`` for ``name = "qwen_image"``."""
+
+    model: str = Field(
+        "Qwen/Qwen-Image",
+        description="Hub id or local folder of a Qwen-Image pipeline in the diffusers layout.",
+    )
+    max_sequence_length: int = Field(
+        512,
+        ge=1,
+        le=1024,
+        description="Text tokens kept per prompt (after the chat template's prefix is dropped; the "
+        "pipeline's default is 512, its maximum 1024). Shorter prompts are padded and masked.",
+    )
+    cfg_scale: float = Field(
+        1.0,
+        ge=1.0,
+        description="True classifier-free guidance scale (the pipeline's true_cfg_scale, with its norm "
+        "rescaling); 1 = off. Qwen-Image's own sampling uses 4.0 (two passes per step).",
+    )
+    cfg_in_training: bool = Field(
+        False,
+        description="Also guide the surrogate's predictions (doubles training cost); needs cfg_scale > 1.",
+    )
+    negative_prompt: str = Field(
+        " ", description="The unconditional prompt of CFG (the pipeline's examples: ' ')."
+    )
+    offload_text_encoders: bool = Field(
+        False,
+        description="Keep the Qwen2.5-VL text encoder in host memory and move it to the device only while "
+        "encoding prompts not yet cached (saves ~16 GB of GPU memory in bf16 for Qwen2.5-VL-7B).",
+    )
+
+
+def build_qwen_image_adapter(config: QwenImageAdapterConfig, context: Any) -> Any:
+    """Factory: imports torch and diffusers only when a run builds the adapter."""
+    from vgrpo_adapters.qwen_image.impl import QwenImageAdapter
+
+    return QwenImageAdapter.from_config(config, context)
+
+
+@hookimpl
+def register_adapters(register):  # noqa: ANN001 - the host's Register callable
+    register(
+        "qwen_image",
+        build_qwen_image_adapter,
+        QwenImageAdapterConfig,
+        summary="Qwen-Image text-to-image (diffusers QwenImagePipeline): transformer trained, VAE + "
+        "Qwen2.5-VL frozen, optional true CFG.",
+    )

@@ -1,0 +1,404 @@
+"""The ``vlm_judge`` Reward: chat-completions requests with PNG data URLs, bounded retries, a thread pool
+of requests, and one-line errors naming the fix for every way a server or its answer can fail."""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import io
+import json
+import math
+import os
+import re
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+import torch
+from PIL import Image
+
+from vgrpo_platform.errors import RewardError
+from vgrpo_platform.protocols import Samples
+
+from .._clip_common import check_images
+
+if TYPE_CHECKING:
+    from . import Config
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)")
+# "Image 3: 7", "**Image 3**: 7.5", "image #3 = 7", "Image 3 - 7"
+IMAGE_LINE = re.compile(
+    r"image\s*#?\s*(\d+)\s*\**\s*[:=\-\u2013]\s*\**\s*([-+]?(?:\d+(?:\.\d*)?|\.\d+))", re.I
+)
+JSON_LIST = re.compile(r"\[[^\[\]]*\]")
+SPACE_MARKERS = str.maketrans({"\u0120": " ", "\u2581": " "})  # byte-level BPE "Ġ", SentencePiece "▁"
+START_HINT = "`vllm serve Qwen/Qwen2.5-VL-7B-Instruct --port 8000`"
+
+
+class _Transient(Exception):
+    """A failure worth retrying: no connection, a timeout, an HTTP 429 or 5xx reply."""
+
+
+def _snippet(text: str, limit: int = 80) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+def _fmt(x: float) -> str:
+    return f"{x:g}"
+
+
+class VlmJudgeReward:
+    """Asks the judge at ``base_url`` about each image (pointwise) or each prompt's images (groupwise).
+
+    ``score`` returns ``{"score": [B] in [0, 1], detail: [B]}``: the detail is ``raw`` (the judge's
+    number before normalisation) for ``score_rule = "number"`` and ``yes_no_mass`` (``P(yes) + P(no)``
+    among the top logprobs: how much of the first token's probability answered in the expected form)
+    for ``"yes_probability"``.
+    """
+
+    modalities = frozenset({"image"})
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.base_url = config.base_url.rstrip("/")
+        self.url = f"{self.base_url}/chat/completions"
+        self.api_key = _api_key(config)
+        self.template = config.template()
+        self.yes_rule = config.score_rule == "yes_probability"
+        self.detail = "yes_no_mass" if self.yes_rule else "raw"
+        self.max_tokens = config.max_tokens or (1 if self.yes_rule else 512)
+
+    # ------------------------------------------------------------------ scoring
+
+    def score(
+        self, samples: Samples, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]]
+    ) -> dict[str, torch.Tensor]:
+        data = check_images(samples, prompts, "vlm_judge")
+        device, batch = data.device, int(data.shape[0])
+        if batch == 0:
+            empty = torch.zeros(0, device=device)
+            return {"score": empty, self.detail: empty.clone()}
+        # one copy off the device; PNG encoding happens in the request threads
+        pixels = (data.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1)
+        pixels = pixels.cpu().numpy()  # [B, H, W, 3] uint8
+        if self.config.mode == "pointwise":
+            jobs = [[i] for i in range(batch)]
+        else:  # samples sharing a prompt string form one group, in batch order
+            groups: dict[str, list[int]] = {}
+            for i, prompt in enumerate(prompts):
+                groups.setdefault(prompt, []).append(i)
+            jobs = list(groups.values())
+        results = self._map(lambda idx: self._judge(pixels, idx, prompts[idx[0]]), jobs)
+        score, detail = [0.0] * batch, [0.0] * batch
+        for idx, pairs in zip(jobs, results, strict=True):
+            for i, (s, d) in zip(idx, pairs, strict=True):
+                score[i], detail[i] = s, d
+        return {
+            "score": torch.tensor(score, dtype=torch.float32, device=device),
+            self.detail: torch.tensor(detail, dtype=torch.float32, device=device),
+        }
+
+    def _map(self, fn: Callable[[T], R], jobs: list[T]) -> list[R]:
+        """``fn`` over ``jobs`` with up to ``concurrency`` in flight; results (or the first failure, in
+        job order) as if run one by one."""
+        workers = min(self.config.concurrency, len(jobs))
+        if workers <= 1:
+            return [fn(job) for job in jobs]
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vlm_judge")
+        try:
+            futures = [pool.submit(fn, job) for job in jobs]
+            return [f.result() for f in futures]
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _judge(self, pixels: np.ndarray, idx: list[int], prompt: str) -> list[tuple[float, float]]:
+        """One request for the images ``pixels[idx]``; ``(score in [0, 1], detail)`` per image."""
+        cfg = self.config
+        text = (
+            self.template.replace("{prompt}", prompt)
+            .replace("{min_score}", _fmt(cfg.min_score))
+            .replace("{max_score}", _fmt(cfg.max_score))
+            .replace("{n}", str(len(idx)))
+        )
+        content: list[dict[str, Any]] = []
+        for k, i in enumerate(idx, 1):
+            if cfg.mode == "groupwise":
+                content.append({"type": "text", "text": f"Image {k}:"})
+            content.append({"type": "image_url", "image_url": {"url": self._data_url(pixels[i])}})
+        content.append({"type": "text", "text": text})
+        messages: list[dict[str, Any]] = [{"role": "user", "content": content}]
+        if cfg.system_prompt is not None:
+            messages.insert(0, {"role": "system", "content": cfg.system_prompt})
+        body: dict[str, Any] = {
+            "model": cfg.model,
+            "messages": messages,
+            "temperature": cfg.temperature,
+            "max_tokens": self.max_tokens,
+        }
+        if cfg.seed is not None:
+            body["seed"] = cfg.seed
+        if self.yes_rule:
+            body["logprobs"] = True
+            body["top_logprobs"] = cfg.top_logprobs
+        body.update(cfg.extra_body)
+        choice = self._choice(self._post(json.dumps(body).encode()))
+        if self.yes_rule:
+            return [self._yes_probability(choice)]
+        reply, finish = _reply_text(choice), choice.get("finish_reason")
+        if reply is None:
+            raise RewardError(
+                f"vlm_judge: the judge at {self.base_url} sent no reply text (finish_reason {finish!r}); "
+                "raise options.max_tokens (a reasoning model may spend them all thinking)"
+            )
+        numbers = self._numbers(reply, len(idx), prompt, finish)
+        lo, hi = cfg.min_score, cfg.max_score
+        for x in numbers:
+            if not (lo <= x <= hi):
+                raise RewardError(
+                    f"vlm_judge: the judge answered {_fmt(x)} (reply {_snippet(reply)}), outside "
+                    f"[min_score, max_score] = [{_fmt(lo)}, {_fmt(hi)}]; set options.min_score and "
+                    "options.max_score to the scale the prompt template asks for"
+                )
+        return [((x - lo) / (hi - lo), x) for x in numbers]
+
+    def _data_url(self, image: np.ndarray) -> str:
+        """``data:image/png;base64,...`` of one ``[H, W, 3]`` uint8 image, its longer side capped."""
+        pil = Image.fromarray(image)
+        cap = self.config.image_size
+        if cap is not None and max(pil.size) > cap:
+            scale = cap / max(pil.size)
+            size = (max(1, round(pil.width * scale)), max(1, round(pil.height * scale)))
+            pil = pil.resize(size, Image.Resampling.BICUBIC)
+        buf = io.BytesIO()
+        pil.save(buf, format="PNG")
+        return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+    # ------------------------------------------------------------------ reading the answer
+
+    def _answer(self, reply: str) -> str:
+        """The reply's part that holds the score(s): after a ``</think>`` block, after ``score_after``."""
+        text = reply.rsplit("</think>", 1)[1] if "</think>" in reply else reply
+        marker = self.config.score_after
+        if marker is None:
+            return text
+        pos = text.lower().rfind(marker.lower())
+        if pos < 0:
+            raise RewardError(
+                f"vlm_judge: no {marker!r} in the judge's reply {_snippet(reply)}; make "
+                "options.prompt_template ask for it, or fix options.score_after"
+            )
+        return text[pos + len(marker) :]
+
+    def _numbers(self, reply: str, n: int, prompt: str, finish: Any) -> list[float]:
+        text = self._answer(reply)
+        length_hint = " or raise options.max_tokens (the reply was cut off)" if finish == "length" else ""
+        if self.config.mode == "pointwise":
+            match = NUMBER.search(text)
+            if match is None:
+                raise RewardError(
+                    f"vlm_judge: no number in the judge's reply {_snippet(reply)}; make "
+                    f"options.prompt_template ask for a number alone{length_hint}"
+                )
+            return [float(match.group())]
+        try:
+            return _group_numbers(text, n)
+        except ValueError as exc:
+            raise RewardError(
+                f"vlm_judge: the judge gave {exc} (prompt {_snippet(prompt, 40)}, reply {_snippet(reply)}); "
+                f"it must answer one 'Image k: <score>' line per image, or a JSON list of {n} numbers: fix "
+                f"options.prompt_template{length_hint}"
+            ) from None
+
+    def _yes_probability(self, choice: Mapping[str, Any]) -> tuple[float, float]:
+        """``(P(yes) / (P(yes) + P(no)), P(yes) + P(no))`` over the first token's top logprobs."""
+        logprobs = choice.get("logprobs")
+        first = None
+        if (
+            isinstance(logprobs, Mapping)
+            and isinstance(logprobs.get("content"), list)
+            and logprobs["content"]
+        ):
+            first = logprobs["content"][0]
+        tops = first.get("top_logprobs") if isinstance(first, Mapping) else None
+        if not isinstance(tops, list) or not tops:
+            raise RewardError(
+                f"vlm_judge: the judge at {self.base_url} returned no top logprobs for the first token; "
+                "score_rule 'yes_probability' needs them (vLLM: --max-logprobs must be >= "
+                f"options.top_logprobs = {self.config.top_logprobs}), or use score_rule 'number'"
+            )
+        candidates: dict[str, float] = {}
+        for entry in [*tops, first]:
+            if isinstance(entry, Mapping) and isinstance(entry.get("token"), str):
+                try:
+                    candidates.setdefault(entry["token"], float(entry["logprob"]))
+                except (KeyError, TypeError, ValueError):
+                    continue
+        p_yes = p_no = 0.0
+        for token, logprob in candidates.items():
+            word = token.translate(SPACE_MARKERS).strip().lower()
+            if word == "yes":
+                p_yes += math.exp(logprob)
+            elif word == "no":
+                p_no += math.exp(logprob)
+        if p_yes + p_no <= 0.0:
+            seen = ", ".join(repr(t) for t in list(candidates)[:5]) or "none"
+            raise RewardError(
+                f"vlm_judge: neither 'yes' nor 'no' among the first token's top {len(candidates)} "
+                f"logprobs (first: {seen}); make options.prompt_template ask for a Yes or No answer, "
+                "or raise options.top_logprobs"
+            )
+        return p_yes / (p_yes + p_no), p_yes + p_no
+
+    def _choice(self, reply: Mapping[str, Any]) -> Mapping[str, Any]:
+        choices = reply.get("choices")
+        if not (isinstance(choices, list) and choices and isinstance(choices[0], Mapping)):
+            raise RewardError(
+                f"malformed reply from the judge at {self.base_url}: no 'choices'; point options.base_url "
+                "at an OpenAI-compatible server (vLLM, SGLang), e.g. http://127.0.0.1:8000/v1"
+            )
+        choice = choices[0]
+        if not isinstance(choice.get("message"), Mapping):
+            raise RewardError(
+                f"malformed reply from the judge at {self.base_url}: 'choices[0]' has no 'message'; point "
+                "options.base_url at a chat-completions server"
+            )
+        return choice
+
+    # ------------------------------------------------------------------ HTTP
+
+    def _post(self, body: bytes) -> dict[str, Any]:
+        """One POST with up to ``retries`` more tries on transient failures, backing off between them."""
+        tries = self.config.retries + 1
+        for attempt in range(tries):
+            try:
+                return self._post_once(body)
+            except _Transient as exc:
+                if attempt == tries - 1:
+                    raise RewardError(f"{exc} (after {tries} tries)") from None
+                time.sleep(self.config.backoff_s * 2**attempt)
+        raise AssertionError("unreachable")
+
+    def _post_once(self, body: bytes) -> dict[str, Any]:
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+        where = f"the judge server at {self.base_url}"
+        try:
+            with urllib.request.urlopen(request, timeout=self.config.timeout_s) as response:
+                text = response.read()
+        except urllib.error.HTTPError as exc:
+            code, message = exc.code, _error_text(exc.read())
+            if code == 429 or code >= 500:
+                raise _Transient(
+                    f"vlm_judge: {where} failed (HTTP {code}): {message}; check the server's log"
+                ) from None
+            if code in (401, 403):
+                fix = "set options.api_key_env to the variable holding the server's key (vLLM: --api-key)"
+            elif code == 404:
+                fix = (
+                    "check options.base_url (the OpenAI-compatible root, ending in /v1) and options.model "
+                    f"(the served name; GET {self.base_url}/models lists them)"
+                )
+            else:
+                fix = (
+                    "check options.model, the images per request the server accepts (vLLM: "
+                    "--limit-mm-per-prompt) and, for yes_probability, options.top_logprobs "
+                    "(vLLM: --max-logprobs)"
+                )
+            raise RewardError(
+                f"vlm_judge: {where} refused the request (HTTP {code}): {message}; {fix}"
+            ) from None
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:  # timeouts are OSErrors
+            reason = getattr(exc, "reason", exc)
+            if isinstance(reason, TimeoutError):
+                raise _Transient(
+                    f"vlm_judge: no reply from {where} within {self.config.timeout_s:g} s; raise "
+                    "options.timeout_s, or lower options.concurrency or options.image_size"
+                ) from None
+            raise _Transient(
+                f"vlm_judge: cannot reach {where} ({reason}); start it (e.g. {START_HINT}) or fix "
+                "options.base_url"
+            ) from None
+        try:
+            reply = json.loads(text)
+        except ValueError:
+            raise RewardError(
+                f"malformed reply from the judge at {self.base_url}: not JSON ({text[:60]!r}); point "
+                "options.base_url at an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1"
+            ) from None
+        if not isinstance(reply, dict):
+            raise RewardError(f"malformed reply from the judge at {self.base_url}: not a JSON object")
+        return reply
+
+
+def _api_key(config: Config) -> str | None:
+    if config.api_key_env is None:
+        return config.api_key
+    value = os.environ.get(config.api_key_env)
+    if not value:
+        raise RewardError(
+            f"vlm_judge: options.api_key_env names {config.api_key_env}, which is not set; export it "
+            "or drop options.api_key_env"
+        )
+    return value
+
+
+def _reply_text(choice: Mapping[str, Any]) -> str | None:
+    """The message's text: a string, or the text parts of a content list; None when there is none."""
+    content = choice["message"].get("content")
+    if isinstance(content, list):
+        parts = [p.get("text") for p in content if isinstance(p, Mapping) and isinstance(p.get("text"), str)]
+        content = "".join(parts) if parts else None
+    return content if isinstance(content, str) and content.strip() else None
+
+
+def _group_numbers(text: str, n: int) -> list[float]:
+    """A groupwise answer's scores, in image order: a JSON list of numbers if the text holds one, else
+    ``Image k: <score>`` lines (the first score of each ``k``), else every number of the text. Raises
+    ``ValueError`` naming what is wrong when that is not ``n`` scores for images 1..n."""
+    numbers: list[float] | None = None
+    for match in JSON_LIST.finditer(text):
+        try:
+            values = json.loads(match.group())
+        except ValueError:
+            continue
+        if values and all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+            numbers = [float(v) for v in values]
+            break
+    if numbers is None:
+        lines = IMAGE_LINE.findall(text)
+        if lines:
+            scores: dict[int, float] = {}
+            for k, value in lines:
+                scores.setdefault(int(k), float(value))
+            if sorted(scores) != list(range(1, n + 1)):
+                raise ValueError(f"scores for images {sorted(scores)} of a group of {n} (images 1 to {n})")
+            return [scores[k] for k in range(1, n + 1)]
+        numbers = [float(m.group()) for m in NUMBER.finditer(text)]
+    if len(numbers) != n:
+        raise ValueError(f"{len(numbers)} scores for a group of {n} images")
+    return numbers
+
+
+def _error_text(body: bytes) -> str:
+    """The message of an OpenAI-style (``{"error": {"message"}}``) or vLLM/FastAPI error body."""
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        obj = None
+    if isinstance(obj, dict):
+        err = obj.get("error")
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])
+        for value in (err, obj.get("message"), obj.get("detail")):
+            if isinstance(value, str) and value:
+                return value
+    return body[:200].decode("utf-8", "replace") or "no details"
