@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
@@ -15,13 +14,10 @@ import torch
 from vgrpo_platform import reward_wire as wire
 from vgrpo_platform.errors import RewardError
 from vgrpo_platform.protocols import Samples
+from vgrpo_platform.retrying import TransientError, with_retries
 
 if TYPE_CHECKING:
     from . import Config
-
-
-class _Transient(Exception):
-    """A failure worth retrying: no connection, a timeout, a 5xx reply."""
 
 
 class RemoteReward:
@@ -78,15 +74,9 @@ class RemoteReward:
 
     def _post(self, body: bytes) -> dict[str, Any]:
         """One POST with up to ``retries`` more tries on transient failures, backing off between them."""
-        tries = self.config.retries + 1
-        for attempt in range(tries):
-            try:
-                return self._post_once(body)
-            except _Transient as exc:
-                if attempt == tries - 1:
-                    raise RewardError(f"{exc} (after {tries} tries)") from None
-                time.sleep(self.config.backoff_s * 2**attempt)
-        raise AssertionError("unreachable")
+        return with_retries(
+            lambda: self._post_once(body), retries=self.config.retries, backoff_s=self.config.backoff_s
+        )
 
     def _post_once(self, body: bytes) -> dict[str, Any]:
         request = urllib.request.Request(
@@ -98,7 +88,7 @@ class RemoteReward:
         except urllib.error.HTTPError as exc:
             message = _error_text(exc.read())
             if exc.code >= 500:
-                raise _Transient(
+                raise TransientError(
                     f"the reward server at {self.url} failed: {message}; fix the served reward"
                 ) from None
             raise RewardError(
@@ -108,11 +98,11 @@ class RemoteReward:
         except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:  # timeouts are OSErrors
             reason = getattr(exc, "reason", exc)
             if isinstance(reason, TimeoutError):
-                raise _Transient(
+                raise TransientError(
                     f"no reply from the reward server at {self.url} within {self.config.timeout_s:g} s; "
                     "raise options.timeout_s or lower options.batch_size"
                 ) from None
-            raise _Transient(
+            raise TransientError(
                 f"cannot reach the reward server at {self.url} ({reason}); start it with "
                 "`vgrpo serve-reward NAME --port P` or fix options.url"
             ) from None

@@ -10,7 +10,6 @@ import json
 import math
 import os
 import re
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
@@ -23,6 +22,7 @@ from PIL import Image
 
 from vgrpo_platform.errors import RewardError
 from vgrpo_platform.protocols import Samples
+from vgrpo_platform.retrying import TransientError, with_retries
 
 from .._clip_common import check_images
 
@@ -40,10 +40,6 @@ IMAGE_LINE = re.compile(
 JSON_LIST = re.compile(r"\[[^\[\]]*\]")
 SPACE_MARKERS = str.maketrans({"\u0120": " ", "\u2581": " "})  # byte-level BPE "Ġ", SentencePiece "▁"
 START_HINT = "`vllm serve Qwen/Qwen2.5-VL-7B-Instruct --port 8000`"
-
-
-class _Transient(Exception):
-    """A failure worth retrying: no connection, a timeout, an HTTP 429 or 5xx reply."""
 
 
 def _snippet(text: str, limit: int = 80) -> str:
@@ -275,15 +271,9 @@ class VlmJudgeReward:
 
     def _post(self, body: bytes) -> dict[str, Any]:
         """One POST with up to ``retries`` more tries on transient failures, backing off between them."""
-        tries = self.config.retries + 1
-        for attempt in range(tries):
-            try:
-                return self._post_once(body)
-            except _Transient as exc:
-                if attempt == tries - 1:
-                    raise RewardError(f"{exc} (after {tries} tries)") from None
-                time.sleep(self.config.backoff_s * 2**attempt)
-        raise AssertionError("unreachable")
+        return with_retries(
+            lambda: self._post_once(body), retries=self.config.retries, backoff_s=self.config.backoff_s
+        )
 
     def _post_once(self, body: bytes) -> dict[str, Any]:
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
@@ -297,7 +287,7 @@ class VlmJudgeReward:
         except urllib.error.HTTPError as exc:
             code, message = exc.code, _error_text(exc.read())
             if code == 429 or code >= 500:
-                raise _Transient(
+                raise TransientError(
                     f"vlm_judge: {where} failed (HTTP {code}): {message}; check the server's log"
                 ) from None
             if code in (401, 403):
@@ -319,11 +309,11 @@ class VlmJudgeReward:
         except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:  # timeouts are OSErrors
             reason = getattr(exc, "reason", exc)
             if isinstance(reason, TimeoutError):
-                raise _Transient(
+                raise TransientError(
                     f"vlm_judge: no reply from {where} within {self.config.timeout_s:g} s; raise "
                     "options.timeout_s, or lower options.concurrency or options.image_size"
                 ) from None
-            raise _Transient(
+            raise TransientError(
                 f"vlm_judge: cannot reach {where} ({reason}); start it (e.g. {START_HINT}) or fix "
                 "options.base_url"
             ) from None
