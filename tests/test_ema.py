@@ -10,13 +10,12 @@ import torch
 
 from vgrpo_platform.checkpoint import list_checkpoints, load_checkpoint
 from vgrpo_platform.ema import WeightAverage
-from vgrpo_platform.metrics import read_metrics
+from vgrpo_platform.metrics import read_metrics, without_timing
 from vgrpo_platform.recipe import resolve_recipe
 from vgrpo_platform.train import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "recipes" / "toy.toml"
-TIMING_KEYS = {"time_rollout", "time_reward", "time_train", "time_iteration", "wall_seconds"}
 
 
 def test_average_equals_the_closed_form_weighted_sum():
@@ -68,7 +67,7 @@ def _run(tmp_path: Path, name: str, *overrides: str, resume: bool = False) -> Pa
 
 def _records(run_dir: Path, kind: str) -> list[dict]:
     records = read_metrics(run_dir / "metrics.jsonl")
-    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in records if r["kind"] == kind]
+    return without_timing([r for r in records if r["kind"] == kind])
 
 
 def test_a_run_trains_the_raw_weights_and_evaluates_the_average(tmp_path):

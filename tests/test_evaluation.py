@@ -13,13 +13,12 @@ from typer.testing import CliRunner
 
 from vgrpo_platform import cli
 from vgrpo_platform.evaluation import diversity, standard_error
-from vgrpo_platform.metrics import read_metrics
+from vgrpo_platform.metrics import read_metrics, without_timing
 from vgrpo_platform.recipe import resolve_recipe
 from vgrpo_platform.train import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "recipes" / "toy.toml"
-TIMING_KEYS = {"time_rollout", "time_reward", "time_train", "time_iteration", "wall_seconds"}
 TINY = ["train.iterations=2", "rollout.group_size=4", "eval.every=0", "log.diagnostics_every=0"]
 DARKNESS = ["eval.rewards.0.name=brightness", "eval.rewards.0.options.target=0.0", "eval.rewards.0.weight=2"]
 
@@ -36,7 +35,7 @@ def sets(tmp_path: Path, name: str, *extra: str) -> list[str]:
 
 def records(run_dir: Path, kind: str) -> list[dict]:
     found = read_metrics(run_dir / "metrics.jsonl")
-    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in found if r["kind"] == kind]
+    return without_timing([r for r in found if r["kind"] == kind])
 
 
 # ------------------------------------------------------------------------------------------ units

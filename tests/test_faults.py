@@ -12,23 +12,18 @@ import torch
 from vgrpo_platform.checkpoint import list_checkpoints
 from vgrpo_platform.errors import RewardError
 from vgrpo_platform.faults import NonFiniteLossError, RolloutOutOfMemory, is_out_of_memory
-from vgrpo_platform.metrics import read_metrics
+from vgrpo_platform.metrics import read_metrics, without_timing
 from vgrpo_platform.recipe import resolve_recipe
 from vgrpo_platform.train import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "recipes" / "toy.toml"
-TIMING_KEYS = {"time_rollout", "time_reward", "time_train", "time_iteration", "wall_seconds"}
 BASE = ("train.iterations=5", "eval.every=0", "log.checkpoint_every=0", "log.diagnostics_every=0")
 
 
 def toy(tmp_path: Path, name: str, *overrides: str):
     base = [f"run.output_dir={tmp_path.as_posix()!r}", f"run.name={name!r}", "log.progress='none'"]
     return resolve_recipe(TOY, [*base, *BASE, *overrides])
-
-
-def without_timing(records: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in records]
 
 
 def fail_on(trainer: Trainer, target: str, iterations: set[int], failure) -> None:  # noqa: ANN001

@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 
 from vgrpo_platform.checkpoint import checkpoint_dir, list_checkpoints, load_checkpoint
-from vgrpo_platform.metrics import read_metrics
+from vgrpo_platform.metrics import read_metrics, without_timing
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "recipes" / "toy.toml"
@@ -177,12 +177,6 @@ def server():
     forks = ForkServer()
     yield forks
     forks.close()
-
-
-def without_timing(records: list[dict]) -> list[dict]:
-    return [
-        {k: v for k, v in r.items() if not k.startswith("time_") and k != "wall_seconds"} for r in records
-    ]
 
 
 def run_args(out: Path, name: str, *extra: str) -> list[str]:

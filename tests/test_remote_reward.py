@@ -30,6 +30,7 @@ from werkzeug.wrappers import Request, Response
 
 from vgrpo_platform import reward_wire as wire
 from vgrpo_platform.errors import RewardError
+from vgrpo_platform.metrics import without_timing
 from vgrpo_platform.plugins import default_registry
 from vgrpo_platform.protocols import Samples
 from vgrpo_platform.reward_server import RewardApp
@@ -411,8 +412,7 @@ def comparable(records: list[dict]) -> list[dict]:
         return "/".join(parts)
 
     return [
-        {key(k): v for k, v in r.items() if not k.startswith("time_") and k != "wall_seconds"}
-        for r in records
+        {key(k): v for k, v in r.items()} for r in without_timing(records)
     ]
 
 

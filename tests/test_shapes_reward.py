@@ -296,3 +296,18 @@ def test_detector_agrees_at_other_sizes(size):
     )
     print(f"\n{size} px agreement {agree:.3f}")
     assert agree >= 0.98
+
+
+def test_latency_option_sleeps_per_image_and_leaves_the_scores_alone(monkeypatch):
+    """``latency_per_sample_s`` stands in for a slow reward model (benchmarks/overlap.py)."""
+    import vgrpo_rewards.shapes.impl as impl
+
+    prompts = ["a red circle", "a blue square above a green triangle", "two yellow circles"]
+    batch = _batch(prompts)
+    plain = _build().score(batch, prompts, [{}] * 3)
+    slept: list[float] = []
+    monkeypatch.setattr(impl.time, "sleep", slept.append)
+    slow = _build(latency_per_sample_s=0.25).score(batch, prompts, [{}] * 3)
+    assert slept == [pytest.approx(0.75)]
+    assert all(torch.equal(plain[k], slow[k]) for k in plain)
+    assert _build().score(batch, prompts, [{}] * 3) and slept == [pytest.approx(0.75)]  # 0: no sleep

@@ -48,6 +48,17 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
+def is_timing(key: str) -> bool:
+    """Measured, not computed: ``time_*`` and ``wall_seconds`` differ between two runs of one recipe,
+    every other field of a record is reproducible to the last bit."""
+    return key.startswith("time_") or key == "wall_seconds"
+
+
+def without_timing(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records with their timing fields dropped: what two runs of one recipe must agree on."""
+    return [{k: v for k, v in r.items() if not is_timing(k)} for r in records]
+
+
 class Progress:
     """A rich progress bar on a terminal, plain lines elsewhere, or nothing."""
 

@@ -327,6 +327,23 @@ def _check_monitor(
         raise RecipeError(f"{prefix}{where}: '{key}' is not a metric of the evaluations{hint}; {fix}")
 
 
+def _check_scoring(recipe: Recipe, prefix: str) -> None:
+    """``[scoring]`` keys that only mean something with a worker process."""
+    scoring = recipe.scoring
+    if scoring.isolation == "inline":
+        for key in ("device", "worker_threads"):
+            if getattr(scoring, key) is not None:
+                raise RecipeError(
+                    f"{prefix}scoring.{key} applies to the reward worker; set scoring.isolation = 'process' "
+                    f"or remove scoring.{key}"
+                )
+    elif recipe.train.offload_rewards:
+        raise RecipeError(
+            f"{prefix}train.offload_rewards moves in-process rewards on and off the device; with "
+            "scoring.isolation = 'process' the worker holds them: remove one of the two"
+        )
+
+
 def validate_components(
     recipe: Recipe,
     registry: ComponentRegistry,
@@ -361,6 +378,7 @@ def validate_components(
                     f"but adapter '{adapter.spec.name}' makes {modality}; pick a reward for {modality}"
                 )
     _check_monitor(recipe, [r.key for r in rewards], [r.key for r in eval_rewards], prefix)
+    _check_scoring(recipe, prefix)
 
     try:
         train, evals = load_prompts(recipe.prompts, recipe_dir)

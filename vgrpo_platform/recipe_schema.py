@@ -86,6 +86,20 @@ class TrainSection(Section):
     offload_rewards: bool = False  # reward models in host memory except while scoring: frees their GPU memory
 
 
+class ScoringSection(Section):
+    """Where rewards run (``vgrpo_platform.reward_workers``): in the training process or in a worker
+    process, and whether the rollout's chunks are scored while later chunks are generated."""
+
+    isolation: Literal["inline", "process"] = "inline"  # "process": a crash takes only the worker down
+    # score each chunk of whole prompt groups while the next is generated; every iteration stays on-policy
+    overlap: bool = False
+    device: str | None = None  # the worker's device (e.g. "cuda:1"); None = run.device; "process" only
+    max_restarts: int = Field(
+        1, ge=0
+    )  # worker deaths survived per run before the RewardError (train.on_fault)
+    worker_threads: int | None = Field(None, ge=1)  # torch threads in the worker; None = torch's default
+
+
 class MonitorSection(Section):
     """The reward-hacking stop rule (``vgrpo_platform.monitor``): the run stops with a checkpoint when
     ``rising`` is above its value at a watched metric's best evaluation while that metric is more than
@@ -132,4 +146,5 @@ class Recipe(Section):
     grpo: GRPOSection = Field(default_factory=GRPOSection)
     train: TrainSection = Field(default_factory=TrainSection)
     eval: EvalSection = Field(default_factory=EvalSection)
+    scoring: ScoringSection = Field(default_factory=ScoringSection)
     log: LogSection = Field(default_factory=LogSection)

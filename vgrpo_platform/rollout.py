@@ -92,6 +92,7 @@ def generate_with_extras(
     rollout_fn: RolloutFn | None = None,
     noise_window: tuple[int, int] | None = None,
     noise_scope: NoiseScope = "sample",
+    on_chunk: Callable[[Samples], None] | None = None,
 ) -> tuple[torch.Tensor, Conditioning, torch.Tensor, torch.Tensor, Samples, dict[str, torch.Tensor]]:
     """``generate`` with an optional surrogate sampler (an SDE that records per-step log-probs).
 
@@ -99,6 +100,8 @@ def generate_with_extras(
     noise from ``generator`` after the initial noise; its extras are concatenated along the batch.
     ``noise_scope = "group"`` gives every sample of a prompt the same initial noise (DanceGRPO,
     Flow-GRPO-Fast; a surrogate asks for it with ``initial_noise = "group"``), from the same draw.
+    ``on_chunk`` receives each decoded chunk as soon as it exists (``[scoring] overlap`` scores it
+    while the next chunk is generated).
     Returns ``generate``'s tuple plus ``extras`` (empty without ``rollout_fn``).
     """
     group_ids = torch.arange(len(prompts)).repeat_interleave(group_size)  # [B]
@@ -124,5 +127,7 @@ def generate_with_extras(
             extras.append(chunk_extras)
         latents.append(x0)
         decoded.append(adapter.decode(x0))
+        if on_chunk is not None:
+            on_chunk(decoded[-1])
     merged = {k: torch.cat([e[k] for e in extras]) for k in extras[0]} if extras else {}
     return group_ids, cond, noise, torch.cat(latents), concat_samples(decoded), merged

@@ -44,8 +44,30 @@ class Session:
     )  # [[eval.rewards]]: scored, never trained
 
 
-def build_session(resolved, context: BuildContext) -> Session:  # noqa: ANN001 - recipe.ResolvedRecipe
-    """Build every component from the resolved recipe and make the policy trainable."""
+class ScoredInWorker:
+    """Stands for a reward that ``scoring.isolation = "process"`` builds in its worker, not here: the
+    session keeps its key and weight (advantages, evaluation totals) without holding its model."""
+
+    modalities: frozenset[str] = frozenset()
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def score(self, *_: object) -> None:
+        raise RuntimeError(
+            f"reward '{self.key}' is scored by the reward worker (reward_workers.ProcessScorer)"
+        )
+
+
+def build_session(
+    resolved,  # noqa: ANN001 - recipe.ResolvedRecipe
+    context: BuildContext,
+    *,
+    rewards_here: bool = True,
+) -> Session:
+    """Build every component from the resolved recipe and make the policy trainable.
+
+    ``rewards_here = False``: the rewards live in a worker process; the session holds stand-ins."""
     adapter = resolved.adapter.spec.factory(resolved.adapter.config, context)
     trainable = make_trainable(adapter, resolved.recipe.train)
     offload_rewards = resolved.recipe.train.offload_rewards
@@ -53,6 +75,9 @@ def build_session(resolved, context: BuildContext) -> Session:  # noqa: ANN001 -
     def build_rewards(refs) -> list[WeightedReward]:  # noqa: ANN001 - recipe.ResolvedReward list
         built = []
         for r in refs:
+            if not rewards_here:
+                built.append(WeightedReward(r.key, ScoredInWorker(r.key), r.weight))
+                continue
             reward = r.spec.factory(r.config, context)
             if offload_rewards:
                 offload.park(reward, keep=adapter)  # host memory until it scores (scoring.score_all)

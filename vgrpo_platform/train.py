@@ -34,6 +34,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -72,8 +73,8 @@ from vgrpo_platform.metrics import MetricsWriter, Progress, read_metrics
 from vgrpo_platform.prompt_sampler import PromptSampler
 from vgrpo_platform.protocols import BuildContext, RolloutBatch, SamplerSpec
 from vgrpo_platform.recipe import save_resolved
+from vgrpo_platform.reward_workers import GroupFeeder, InlineScorer, ProcessScorer, Scorer
 from vgrpo_platform.rollout import generate_with_extras
-from vgrpo_platform.scoring import score_all
 from vgrpo_platform.session import Session, build_session, fingerprint, resolve_device, run_dir_of
 from vgrpo_platform.tracking import Tracking, require
 
@@ -141,8 +142,13 @@ class Trainer:
         context = BuildContext(
             device=self.device, seed=recipe.run.seed, run_dir=self.run_dir, recipe_dir=resolved.recipe_dir
         )
+        scoring = recipe.scoring
         with self.accelerator.main_process_first():  # downloads and model builds happen once
-            self.session: Session = build_session(resolved, context)
+            self.session: Session = build_session(
+                resolved, context, rewards_here=scoring.isolation == "inline"
+            )
+        self.notices: list[str] = []  # reward-worker restarts, reported by run() after the iteration
+        self.scorer = self._build_scorer(context)
         optimizer = torch.optim.AdamW(
             self.session.trainable.values(),
             lr=t.lr,
@@ -191,6 +197,33 @@ class Trainer:
                 records = read_metrics(self.metrics.path)
                 self.eval_history = [r for r in records if r.get("kind") == "eval"]
 
+    def _build_scorer(self, context: BuildContext) -> Scorer:
+        """``[scoring]``: the rewards inline (the session's) or in a worker process built here."""
+        scoring, resolved = self.recipe.scoring, self.resolved
+        if scoring.isolation == "inline":
+            return InlineScorer(
+                self.session.rewards,
+                self.session.eval_rewards,
+                offload_device=self.reward_device,
+                overlap=scoring.overlap,
+            )
+        device = torch.device(scoring.device) if scoring.device else self.device
+        return ProcessScorer(
+            resolved.rewards,
+            resolved.eval_rewards,
+            context=replace(context, device=device),
+            overlap=scoring.overlap,
+            max_restarts=scoring.max_restarts,
+            threads=scoring.worker_threads,
+            on_restart=self.notices.append,
+        )
+
+    def _report_notices(self, iteration: int, progress: Progress) -> None:
+        for notice in self.notices:
+            self._write({"kind": "reward_worker_restarted", "iteration": iteration, "reason": notice})
+            progress.message(notice)
+        self.notices.clear()
+
     # ----------------------------------------------------------------------------------------- loop
     def run(self) -> Path:
         recipe = self.recipe
@@ -236,6 +269,7 @@ class Trainer:
                         progress.message(f"skipped iteration {iteration}: {fault}")
                     # wall-clock of the method: the optional diagnostics' seconds are left out
                     record["wall_seconds"] = self._elapsed()
+                    self._report_notices(iteration, progress)
                     self._write(record)
                     progress.update(iteration, _headline(record))
                     last = iteration == total
@@ -259,6 +293,7 @@ class Trainer:
                         self._stopped_by_monitor(alarm, iteration, progress)
                         break
         finally:
+            self.scorer.close()
             progress.close()
             self.tracking.finish()
         if self.routed is not None:
@@ -410,6 +445,9 @@ class Trainer:
         first_row = block.start * group_size
         fault = None
         t1 = t0
+        local_prompts = [p for p in prompts[block] for _ in range(group_size)]  # row order of the rollout
+        feeder = GroupFeeder(self.scorer, local_prompts, group_size, step=iteration)
+        self.scorer.busy_seconds()  # only this iteration's scoring counts below
         try:
             local_ids, cond, _, latents, samples, rollout_extras = generate_with_extras(
                 adapter,
@@ -422,13 +460,15 @@ class Trainer:
                 rollout_fn=self._surrogate_rollout(),  # MDP baselines sample their own SDE
                 noise_window=(first_row, len(prompts) * group_size),
                 noise_scope=getattr(session.surrogate, "initial_noise", "sample"),  # DanceGRPO: per group
+                on_chunk=feeder if self.scorer.overlap else None,  # [scoring] overlap: scored meanwhile
             )
             group_ids = local_ids + block.start  # ids in the global batch
             t1 = time.perf_counter()
             flat_prompts = [prompts[int(g)] for g in group_ids]
-            local_terms, local_details = score_all(
-                session.rewards, samples, flat_prompts, step=iteration, offload_device=self.reward_device
-            )
+            if self.scorer.overlap:
+                local_terms, local_details = self.scorer.collect(feeder.finish())
+            else:
+                local_terms, local_details = self.scorer.score(samples, flat_prompts, step=iteration)
         except RewardError as exc:
             fault = exc
         except Exception as exc:
@@ -488,7 +528,10 @@ class Trainer:
         record["lr"] = self.optimizer.param_groups[0]["lr"]
         self.diagnostics_seconds += t_diag
         time_train = t3 - t2 - t_diag
+        # time_reward: what scoring added to the iteration (the wait after the rollout); time_scoring:
+        # the rewards' own seconds, which [scoring] overlap hides behind the rollout
         record.update(time_rollout=t1 - t0, time_reward=t2 - t1, time_train=time_train)
+        record["time_scoring"] = self.scorer.busy_seconds()
         record["time_iteration"] = t3 - t0
         return record
 
@@ -593,6 +636,7 @@ class Trainer:
             step=iteration,
             offload_device=self.reward_device,
             keep_samples=grids,
+            scorer=self.scorer,
         )
         record: dict = {"kind": "eval", "iteration": iteration, "wall_seconds": wall, **result.means()}
         if self.accelerator.is_main_process:

@@ -35,6 +35,9 @@ class Config(PluginConfig):
     saturation_threshold: float = Field(0.35, gt=0, lt=1)  # min (max - min) / max of a shape's pixel
     min_area_frac: float = Field(0.015, ge=0, lt=1)  # smaller components (fraction of the image) are specks
     max_objects: int = Field(6, ge=1, le=8)  # largest components matched to the prompt's objects
+    # seconds each scored image sleeps: stands in for a heavy reward model (the overlapped-scoring
+    # benchmark, benchmarks/overlap.py); 0 in every real use
+    latency_per_sample_s: float = Field(0.0, ge=0, le=60)
 
 
 def build(config: Config, context: Any) -> Any:

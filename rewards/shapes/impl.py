@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +49,8 @@ class ShapesReward:
             raise ValueError(f"shapes reward expects images [B, 3, H, W], got {tuple(data.shape)}")
         if len(prompts) != data.shape[0]:
             raise ValueError(f"{len(prompts)} prompts for {data.shape[0]} images")
+        if self.config.latency_per_sample_s:  # a stand-in for a slow reward model (benchmarks only)
+            time.sleep(self.config.latency_per_sample_s * len(prompts))
         rows = []
         for img, prompt in zip(to_uint8(data), prompts, strict=True):
             spec = parse_prompt(prompt)

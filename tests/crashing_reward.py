@@ -1,0 +1,44 @@
+"""A reward plugin whose worker process dies on demand: what ``scoring.isolation = "process"`` must survive.
+
+Module-level factory and options, so the spawned reward worker can rebuild it (tests are on its path).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from vgrpo_platform.hookspecs import hookimpl
+from vgrpo_platform.registry import PluginConfig
+
+
+class Config(PluginConfig):
+    die_file: str  # while this file exists, scoring kills the process (exit code 9, no Python cleanup)
+    once: bool = True  # delete the file before dying: the next worker scores normally
+
+
+class CrashingBrightness:
+    """Mean pixel value, like ``brightness``; ``os._exit`` while ``die_file`` exists."""
+
+    modalities = frozenset({"image", "video"})
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+
+    def score(self, samples: Any, prompts: Any, metadata: Any) -> Any:
+        marker = Path(self.config.die_file)
+        if marker.exists():
+            if self.config.once:
+                marker.unlink()
+            os._exit(9)
+        return samples.data.float().flatten(1).mean(1)
+
+
+def build(config: Config, context: Any) -> CrashingBrightness:
+    return CrashingBrightness(config)
+
+
+@hookimpl
+def register_rewards(register):  # noqa: ANN001, ANN201
+    register("crashing_brightness", build, Config, summary="brightness whose process dies on demand (tests)")
