@@ -48,6 +48,18 @@ def _tiny_diffusers(
     return build
 
 
+def _tiny_flux2(builder: str, tokens: str) -> Callable[[Path], dict[str, Any]]:
+    """Options of a tiny FLUX.2 pipeline ``tiny_flux2.<builder>`` writes; ``tokens`` names its text length."""
+
+    def build(folder: Path) -> dict[str, Any]:
+        import tiny_flux2
+
+        getattr(tiny_flux2, builder)(folder)
+        return {"model": str(folder), "resolution": 32, "max_sequence_length": getattr(tiny_flux2, tokens)}
+
+    return build
+
+
 def _tiny_clip(processor: bool) -> Callable[[Path], dict[str, Any]]:
     def options(folder: Path) -> dict[str, Any]:
         from tiny_clip import save_clip
@@ -131,6 +143,13 @@ def _fake_judge(folder: Path) -> dict[str, Any]:
     return {"base_url": serve_in_background(FakeJudge()) + "/v1", "model": MODEL, "timeout_s": 30}
 
 
+def _tiny_hunyuan_video15(folder: Path) -> dict[str, Any]:
+    from tiny_hunyuan_video import HY_FRAMES, HY_SIDE, build_tiny_hunyuan_video15
+
+    build_tiny_hunyuan_video15(folder)
+    return {"model": str(folder), "resolution": HY_SIDE, "num_frames": HY_FRAMES, "max_sequence_length": 64}
+
+
 def _image_samples() -> dict[str, Any]:
     return {"samples": Samples("image", torch.rand(4, 3, 8, 8, generator=torch.Generator().manual_seed(0)))}
 
@@ -142,6 +161,8 @@ TINY: dict[tuple[str, str], tuple[Any, Any]] = {
     ("adapter", "shapes"): ({"resolution": 16}, {}),  # the weights ship with vgrpo
     ("adapter", "sd3"): (_tiny_diffusers("build_tiny_sd3"), {}),
     ("adapter", "flux"): (_tiny_diffusers("build_tiny_flux"), {}),
+    ("adapter", "flux2"): (_tiny_flux2("build_tiny_flux2", "DEV_TOKENS"), {}),
+    ("adapter", "flux2_klein"): (_tiny_flux2("build_tiny_flux2_klein", "KLEIN_TOKENS"), {}),
     ("adapter", "wan"): (
         _tiny_diffusers(
             "build_tiny_wan",
@@ -160,6 +181,7 @@ TINY: dict[tuple[str, str], tuple[Any, Any]] = {
         ),
         {},
     ),
+    ("adapter", "hunyuan_video15"): (_tiny_hunyuan_video15, {}),
     ("adapter", "longcat_audio"): (
         _tiny_diffusers(
             "build_tiny_longcat", lambda tp: {"duration_s": 0.5, "max_sequence_length": tp.AUDIO_TOKENS}
@@ -230,6 +252,20 @@ def test_ocr_tesseract_engine_passes_the_conformance_kit(tmp_path):
         "reward", "ocr", {"engine": "tesseract"}, context, registry=REGISTRY, **_ocr_inputs()
     )
     assert sorted(report.passed) == sorted(REWARD_CHECKS), report.skipped
+
+
+def test_wan_two_experts_passes_the_conformance_kit(tmp_path):
+    """The ``wan`` adapter on a Wan 2.2 two-expert pipeline (the row above covers the one-expert layout).
+    Boundary 0.5: the kit's draws of t (0.07 to 0.68) then fall on both sides, so both experts' LoRA and
+    a batch mixing them are checked."""
+    import tiny_pipelines as tp
+
+    model = tp.build_tiny_wan22(tmp_path / "weights", boundary_ratio=0.5)
+    options = {"model": str(model), "resolution": tp.WAN_SIDE}
+    options |= {"num_frames": tp.WAN_FRAMES, "max_sequence_length": tp.WAN_TOKENS}
+    context = BuildContext(device="cpu", seed=0, run_dir=None, recipe_dir=tmp_path)
+    report = check_component("adapter", "wan", options, context, registry=REGISTRY)
+    assert sorted(report.passed) == sorted(ADAPTER_CHECKS), report.skipped
 
 
 # ------------------------------------------------------------------- a tiny adapter, one defect at a time

@@ -54,6 +54,7 @@ from vgrpo_adapters.toy.build import byte_level_tokenizer
 CLIP_TOKENS = 32  # CLIP's model_max_length in the tiny pipelines (77 in the real ones)
 RESOLUTION = 32  # the image side the tests use; latents are RESOLUTION / 2 per side
 WAN_SIDE, WAN_FRAMES, WAN_TOKENS = 32, 5, 16  # tiny Wan clips: latents [4, 2, 4, 4]
+WAN22_BOUNDARY = 0.7  # tiny Wan 2.2: switch at timestep 700, inside the tests' short rollouts (A14B: 0.875)
 AUDIO_RATE, AUDIO_HOP, AUDIO_LATENT_DIM, AUDIO_TOKENS = 8000, 64, 8, 12  # tiny LongCat-AudioDiT
 QWEN_TOKENS = 64  # tiny Qwen-Image: text tokens kept per prompt (a prompt's characters + 5 template tokens)
 # Qwen-Image's own scheduler config (huggingface.co/Qwen/Qwen-Image, scheduler/scheduler_config.json)
@@ -264,11 +265,36 @@ def _make_wan_decoder_responsive(vae: AutoencoderKLWan, gain: float = 5.0) -> No
         vae.decoder.conv_out.weight.fill_(gain / vae.decoder.conv_out.weight[0].numel())
 
 
-def build_tiny_wan(folder: str | Path, seed: int = 0, responsive_vae: bool = False) -> Path:
+def _tiny_wan_transformer() -> WanTransformer3DModel:
+    return WanTransformer3DModel(
+        patch_size=(1, 2, 2),
+        num_attention_heads=2,
+        attention_head_dim=12,
+        in_channels=4,
+        out_channels=4,
+        text_dim=32,
+        freq_dim=32,
+        ffn_dim=32,
+        num_layers=2,
+        cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads",
+        rope_max_seq_len=32,
+    )
+
+
+def build_tiny_wan22(folder: str | Path, seed: int = 0, boundary_ratio: float = WAN22_BOUNDARY) -> Path:
+    """A two-expert (Wan 2.2 T2V layout) tiny ``WanPipeline``: ``transformer_2`` and ``boundary_ratio``."""
+    return build_tiny_wan(folder, seed, boundary_ratio=boundary_ratio)
+
+
+def build_tiny_wan(
+    folder: str | Path, seed: int = 0, responsive_vae: bool = False, boundary_ratio: float | None = None
+) -> Path:
     """``WanPipeline`` at toy size (diffusers' own dummy-component shapes), UMT5 text encoder.
 
     ``responsive_vae``: a decoder whose clip brightness follows the latents (see
     ``_make_wan_decoder_responsive``), for tests that a signal-level reward moves under training.
+    ``boundary_ratio``: add a second expert (``transformer_2``, other random weights), Wan 2.2's layout.
     """
     tok = t5_tokenizer()
     with torch.random.fork_rng(devices=[]):
@@ -285,25 +311,17 @@ def build_tiny_wan(folder: str | Path, seed: int = 0, responsive_vae: bool = Fal
         )
         if responsive_vae:
             _make_wan_decoder_responsive(vae)
+        transformer = _tiny_wan_transformer()
+        experts = {}
+        if boundary_ratio is not None:  # drawn after the first expert: the Wan 2.1 build is unchanged
+            experts = {"transformer_2": _tiny_wan_transformer(), "boundary_ratio": boundary_ratio}
         pipe = WanPipeline(
             tokenizer=tok,
             text_encoder=encoder,
             vae=vae,
-            transformer=WanTransformer3DModel(
-                patch_size=(1, 2, 2),
-                num_attention_heads=2,
-                attention_head_dim=12,
-                in_channels=4,
-                out_channels=4,
-                text_dim=32,
-                freq_dim=32,
-                ffn_dim=32,
-                num_layers=2,
-                cross_attn_norm=True,
-                qk_norm="rms_norm_across_heads",
-                rope_max_seq_len=32,
-            ),
+            transformer=transformer,
             scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+            **experts,
         )
     pipe.save_pretrained(folder)
     return Path(folder)

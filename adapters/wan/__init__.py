@@ -3,11 +3,13 @@
 Wan 2.1 text-to-video through ``diffusers.WanPipeline``: the ``WanTransformer3DModel`` is trained, the
 causal video VAE (``AutoencoderKLWan``) and the UMT5 text encoder stay frozen. The surrogate works on the
 VAE's normalised video latents ``[16, (F - 1) / 4 + 1, H / 8, W / 8]``. See docs/video-audio.md.
+Wan 2.2 T2V pipelines with two experts (``transformer_2`` and ``boundary_ratio``) are detected on
+loading; ``cfg_scale_2`` and ``train_experts`` apply to them (docs/adapters.md).
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 from vgrpo_adapters._diffusers_options import DiffusersAdapterConfig
@@ -22,7 +24,8 @@ class WanAdapterConfig(DiffusersAdapterConfig):
 
     model: str = Field(
         "Wan-AI/Wan2.1-T2V-1.3B-Diffusers",
-        description="Hub id or local folder of a Wan 2.1 text-to-video pipeline in the diffusers layout.",
+        description="Hub id or local folder of a Wan 2.1 or 2.2 (two-expert) text-to-video pipeline in the "
+        "diffusers layout.",
     )
     resolution: int | None = Field(
         None,
@@ -55,6 +58,18 @@ class WanAdapterConfig(DiffusersAdapterConfig):
         description="Also guide the surrogate's predictions (doubles training cost); needs cfg_scale > 1",
     )
     negative_prompt: str = Field("", description="The unconditional prompt of CFG.")
+    cfg_scale_2: float | None = Field(
+        None,
+        ge=1.0,
+        description="Two-expert (Wan 2.2) models: CFG scale of the low-noise expert (WanPipeline's "
+        "guidance_scale_2); cfg_scale is the high-noise expert's. null = cfg_scale. Needs cfg_scale > 1.",
+    )
+    train_experts: list[Literal["high", "low"]] | None = Field(
+        None,
+        min_length=1,
+        description="Two-expert (Wan 2.2) models: which experts are trained (LoRA or full), 'high' = "
+        "transformer (t >= boundary), 'low' = transformer_2; the others stay frozen. null = both.",
+    )
 
     @model_validator(mode="after")
     def _frames_fit_the_vae(self) -> WanAdapterConfig:
@@ -62,6 +77,8 @@ class WanAdapterConfig(DiffusersAdapterConfig):
             raise ValueError(
                 f"num_frames must be 4k + 1 (the VAE compresses time 4:1), got {self.num_frames}"
             )
+        if self.train_experts is not None and len(set(self.train_experts)) != len(self.train_experts):
+            raise ValueError(f"train_experts lists an expert twice: {self.train_experts}")
         return self
 
 
@@ -78,5 +95,6 @@ def register_adapters(register):  # noqa: ANN001 - the host's Register callable
         "wan",
         build_wan_adapter,
         WanAdapterConfig,
-        summary="Wan 2.1 text-to-video (diffusers): 3D DiT trained, video VAE + UMT5 frozen, optional CFG.",
+        summary="Wan 2.1 / 2.2 text-to-video (diffusers): 3D DiT (Wan 2.2: its two experts) trained, "
+        "video VAE + UMT5 frozen, optional CFG.",
     )

@@ -6,16 +6,23 @@ unchanged with ``*L = [C, f, h, w]``. Latents are the VAE's per-channel normalis
 (``(x - latents_mean) / latents_std``), as ``WanPipeline`` samples them. Everything the image adapters
 share (loading, prompt cache, rollouts, LoRA export) comes from ``DiffusersFlowAdapter``; this module adds
 the video VAE, the 3D transformer call and optional true CFG.
+
+Wan 2.2 T2V (A14B) pipelines hold two experts (``transformer`` for high noise, ``transformer_2`` for low
+noise) and a ``boundary_ratio`` in ``model_index.json``: ``denoiser`` is then a ``WanExperts`` that routes
+each row as ``WanPipeline`` routes each step (``experts.py``), with a guidance scale per expert.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 from diffusers import WanPipeline
 from vgrpo_adapters._diffusers_common import DiffusersFlowAdapter, PromptCache, TrueCFGMixin, static_shift
+from vgrpo_adapters.wan.experts import EXPERTS, WanExperts
+from vgrpo_adapters.wan.export import export_experts
 
 from vgrpo_platform.protocols import Conditioning, Samples
 from vgrpo_platform.schedules import RectifiedFlowSchedule
@@ -72,17 +79,30 @@ class WanAdapter(TrueCFGMixin, DiffusersFlowAdapter):
         cfg_scale: float = 1.0,
         cfg_in_training: bool = False,
         negative_prompt: str = "",
+        cfg_scale_2: float | None = None,
+        train_experts: Sequence[str] | None = None,
     ) -> None:
         # The base constructor reads an image VAE's config; the video VAE's differs, so set the same
         # attributes here and reuse every method of the base class.
-        if getattr(pipe, "transformer_2", None) is not None or pipe.config.get("expand_timesteps", False):
-            raise ValueError("wan supports Wan 2.1-style pipelines (one transformer, one timestep per clip)")
+        if pipe.config.get("expand_timesteps", False):
+            raise ValueError("wan supports text-to-video pipelines with one timestep per clip (not TI2V)")
         if cfg_scale < 1.0:
             raise ValueError(f"cfg_scale must be >= 1 (1 = off), got {cfg_scale}")
         self.pipe = pipe
         self.device = torch.device(device)
-        self.denoiser = pipe.transformer.to(self.device)
+        self.experts = two_experts(pipe, train_experts)
+        if self.experts is None:
+            if cfg_scale_2 is not None or train_experts is not None:
+                raise ValueError("cfg_scale_2 and train_experts apply to two-expert (Wan 2.2) pipelines only")
+            self.denoiser = pipe.transformer.to(self.device)
+        else:
+            self.denoiser = self.experts.to_device(self.device)
         self.dtype = self.denoiser.dtype
+        self.cfg_scale_2 = float(cfg_scale if cfg_scale_2 is None else cfg_scale_2)
+        if cfg_scale_2 is not None and cfg_scale_2 != 1.0 and cfg_scale == 1.0:
+            raise ValueError(
+                "cfg_scale_2 needs cfg_scale > 1: WanPipeline guides only when guidance_scale > 1"
+            )
         self.vae = pipe.vae.requires_grad_(False).eval().to(self.device)
         if vae_tiling:
             self.vae.enable_tiling()
@@ -125,6 +145,8 @@ class WanAdapter(TrueCFGMixin, DiffusersFlowAdapter):
             cfg_scale=config.cfg_scale,
             cfg_in_training=config.cfg_in_training,
             negative_prompt=config.negative_prompt,
+            cfg_scale_2=config.cfg_scale_2,
+            train_experts=config.train_experts,
         )
 
     def _check_size(self, height: int, width: int, num_frames: int) -> None:
@@ -161,6 +183,19 @@ class WanAdapter(TrueCFGMixin, DiffusersFlowAdapter):
         )[0]
 
     # --------------------------------------------------------------------------------------- CFG
+    def guided_velocity(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+        """Two experts: each row guided with its expert's scale (``cfg_scale`` high, ``cfg_scale_2`` low)."""
+        if self.experts is None:
+            return super().guided_velocity(z, t, cond)
+        batch = z.shape[0]
+        null = self.null_conditioning(cond, batch)
+        both = {k: torch.cat([null[k].to(self.device), cond[k].to(self.device)]) for k in cond}
+        t = t.to(device=z.device, dtype=torch.float32).expand(batch)  # [B]
+        v_null, v_cond = self._transformer(torch.cat([z, z]), torch.cat([t, t]), both).chunk(2)
+        high = self.experts.is_high(t * TIMESTEP_SCALE).view(-1, *[1] * (z.dim() - 1))  # [B, 1, ...]
+        scale = torch.where(high, self.cfg_scale, self.cfg_scale_2).to(v_cond.dtype)
+        return (v_null + scale * (v_cond - v_null)).to(z.dtype)
+
     def null_conditioning(self, cond: Conditioning, batch: int) -> Conditioning:
         """The negative prompt's encoding (cached), repeated over the batch."""
         negative = self.encode_prompts([self.negative_prompt])  # [1, ...]
@@ -177,3 +212,31 @@ class WanAdapter(TrueCFGMixin, DiffusersFlowAdapter):
             video = self.vae.decode(x.to(self.vae.dtype), return_dict=False)[0].float()  # [b, 3, F, H, W]
             clips.append(video.permute(0, 2, 1, 3, 4))  # [b, F, 3, H, W] in ~[-1, 1]
         return Samples("video", ((torch.cat(clips) + 1) / 2).clamp(0, 1), fps=self.fps)
+
+    # -------------------------------------------------------------------------------------- export
+    def export_trained(self, out_dir: str | Path) -> None:
+        """Wan 2.1: the base class's. Two experts: one folder per trained expert (see ``export.py``)."""
+        if self.experts is None:
+            return super().export_trained(out_dir)
+        export_experts(self, Path(out_dir))
+
+
+def two_experts(pipe: WanPipeline, train_experts: Sequence[str] | None) -> WanExperts | None:
+    """The pipeline's two-expert layout as a ``WanExperts`` (None for one transformer).
+
+    ``WanPipeline`` switches to ``transformer_2`` below ``boundary_ratio * num_train_timesteps``; a
+    ``transformer_2`` without a boundary (never used by the pipeline) or a boundary without it (the
+    pipeline would fail at the low-noise steps) is rejected rather than guessed.
+    """
+    low, ratio = getattr(pipe, "transformer_2", None), pipe.config.get("boundary_ratio", None)
+    if low is None and ratio is None:
+        return None
+    if low is None or ratio is None or pipe.transformer is None:
+        raise ValueError(
+            "a two-expert Wan 2.2 pipeline needs transformer, transformer_2 and boundary_ratio "
+            f"(got transformer_2={'set' if low is not None else None}, boundary_ratio={ratio})"
+        )
+    boundary = float(ratio) * pipe.scheduler.config.num_train_timesteps
+    return WanExperts(
+        pipe.transformer, low, boundary, trained=EXPERTS if train_experts is None else train_experts
+    )

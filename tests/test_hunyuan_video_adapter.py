@@ -1,0 +1,228 @@
+"""The ``hunyuan_video15`` adapter on a tiny HunyuanVideo15Pipeline built from configs, saved, and loaded
+through the real ``from_pretrained`` path.
+
+Independent references: diffusers' own ``HunyuanVideo15Pipeline.__call__`` (rollouts with its guider's
+CFG, decoded clips), the transformer inputs and guided velocity the pipeline produces inside its loop
+(captured with hooks), and ``load_lora_adapter`` on a freshly loaded transformer (export).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from diffusers import HunyuanVideo15Pipeline
+from diffusers.utils import logging as diffusers_logging
+from tiny_hunyuan_video import HY_FRAMES, HY_LATENT, HY_SIDE, build_tiny_hunyuan_video15
+from vgrpo_adapters import hunyuan_video as hy_entry
+from vgrpo_adapters._diffusers_common import EXPORT_INFO
+from vgrpo_adapters.hunyuan_video import HunyuanVideo15AdapterConfig
+from vgrpo_adapters.hunyuan_video.impl import HunyuanVideo15Adapter
+
+from vgrpo_platform import finetune
+from vgrpo_platform.plugins import build_plugin_manager, collect_components
+from vgrpo_platform.protocols import Adapter, BuildContext, SamplerSpec
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+diffusers_logging.disable_progress_bar()
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = ["a red cat", 'a shop sign that reads "OPEN"']  # the second one has glyph text for ByT5
+
+
+def config(model: Path, **options) -> HunyuanVideo15AdapterConfig:
+    return HunyuanVideo15AdapterConfig(model=str(model), resolution=HY_SIDE, num_frames=HY_FRAMES, **options)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return build_tiny_hunyuan_video15(tmp_path_factory.mktemp("hunyuan_video15") / "pipe")
+
+
+@pytest.fixture(scope="module")
+def adapter(model_dir) -> HunyuanVideo15Adapter:
+    return HunyuanVideo15Adapter.from_config(config(model_dir), BuildContext())
+
+
+def noise(batch: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(batch, *HY_LATENT, generator=torch.Generator().manual_seed(seed))
+
+
+def test_registered_with_a_documented_config_and_a_torch_free_entry_module(model_dir) -> None:
+    registry = collect_components(build_plugin_manager(load_entry_points=False, extra_plugins=[hy_entry]))
+    spec = registry.get("adapter", "hunyuan_video15")
+    assert spec.config is HunyuanVideo15AdapterConfig
+    assert all(field.description for field in HunyuanVideo15AdapterConfig.model_fields.values())
+    built = registry.build("adapter", "hunyuan_video15", config(model_dir).model_dump(), BuildContext())
+    assert isinstance(built, HunyuanVideo15Adapter) and isinstance(built, Adapter)
+    code = "import vgrpo_adapters.hunyuan_video, sys; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+    for bad in ({"num_frames": 6}, {"cfg_scale": 0.5}, {"decode_chunk_size": 2}, {"unknown": 1}):
+        with pytest.raises(ValueError):
+            HunyuanVideo15AdapterConfig(**bad)
+
+
+def test_shapes_guider_scale_glyph_text_and_frozen_parts(adapter) -> None:
+    assert adapter.latent_shape() == HY_LATENT and adapter.schedule.shift == 5.0
+    assert adapter.cfg_scale == 6.0 and adapter.uses_cfg  # the pipeline's guider, read from its folder
+    cond = adapter.encode_prompts(PROMPTS)
+    assert cond["prompt_embeds"].shape == (2, 1000, 32) and cond["glyph_embeds"].shape == (2, 256, 16)
+    assert cond["glyph_mask"][0].sum() == 0 and cond["glyph_mask"][1].sum() > 0  # only quoted text
+    assert all(not p.requires_grad for enc in adapter.text_encoders for p in enc.parameters())
+    assert all(not p.requires_grad for p in adapter.vae.parameters())
+    samples = adapter.decode(adapter.sample(noise(2), cond, SamplerSpec("euler", 2)))
+    assert samples.modality == "video" and samples.fps == 24.0
+    assert samples.data.shape == (2, HY_FRAMES, 3, HY_SIDE, HY_SIDE)
+    assert 0 <= samples.data.min() and samples.data.max() <= 1
+
+
+def test_rollout_equals_the_diffusers_pipeline_with_its_guider(adapter, model_dir) -> None:
+    pipe = HunyuanVideo15Pipeline.from_pretrained(model_dir)
+    z = noise(2, seed=2)
+    latents = adapter.sample(z, adapter.encode_prompts(PROMPTS), SamplerSpec("euler", 3))
+    reference = pipe(
+        PROMPTS,
+        height=HY_SIDE,
+        width=HY_SIDE,
+        num_frames=HY_FRAMES,
+        num_inference_steps=3,
+        latents=z,
+        output_type="latent",
+    ).frames
+    torch.testing.assert_close(latents, reference, atol=1e-5, rtol=1e-5)
+    # decoded: one prompt (the VAE decodes one clip per call, see the adapter)
+    clip = adapter.decode(latents[1:]).data
+    frames = pipe(
+        PROMPTS[1:],
+        height=HY_SIDE,
+        width=HY_SIDE,
+        num_frames=HY_FRAMES,
+        num_inference_steps=3,
+        latents=z[1:],
+        output_type="pt",
+    ).frames  # [1, F, 3, H, W] in [0, 1]
+    torch.testing.assert_close(clip, frames, atol=1e-5, rtol=1e-5)
+
+
+def test_velocity_at_any_point_equals_the_transformer_as_the_pipeline_calls_it(adapter, model_dir) -> None:
+    """Run the pipeline for one step from ``x_t`` at an arbitrary ``t``; capture the transformer's inputs
+    and outputs (conditional and unconditional calls) and the guided velocity it hands the scheduler."""
+    pipe = HunyuanVideo15Pipeline.from_pretrained(model_dir)
+    calls, guided = [], []
+    pipe.transformer.register_forward_hook(
+        lambda module, args, kwargs, out: calls.append((kwargs, out[0])), with_kwargs=True
+    )
+    step = pipe.scheduler.step
+    pipe.scheduler.step = lambda v, *a, **kw: guided.append(v) or step(v, *a, **kw)
+    x_t, sigma = noise(2, seed=4), 0.37  # shifted by the scheduler as for any rollout step
+    pipe(
+        PROMPTS,
+        height=HY_SIDE,
+        width=HY_SIDE,
+        num_frames=HY_FRAMES,
+        sigmas=[sigma],
+        latents=x_t,
+        output_type="latent",
+    )
+    (cond_kwargs, v_cond), (uncond_kwargs, v_uncond) = calls
+    assert cond_kwargs["hidden_states"].shape[1] == 2 * HY_LATENT[0] + 1  # latents, cond latents, mask
+    assert cond_kwargs["hidden_states"][:, HY_LATENT[0] :].abs().max() == 0
+    t = cond_kwargs["timestep"] / 1000.0
+    shift = adapter.schedule.shift
+    assert math.isclose(float(t[0]), shift * sigma / (1 + (shift - 1) * sigma), rel_tol=1e-6)
+    cond = adapter.encode_prompts(PROMPTS)
+    for key, ref in [("prompt_embeds", "encoder_hidden_states"), ("glyph_mask", "encoder_attention_mask_2")]:
+        torch.testing.assert_close(cond[key], cond_kwargs[ref])
+    with torch.no_grad():
+        torch.testing.assert_close(HunyuanVideo15Adapter.predict(adapter, x_t, t, cond), v_cond)
+        adapter.cfg_in_training = True
+        try:
+            torch.testing.assert_close(adapter.predict(x_t, t, cond), guided[0], atol=1e-5, rtol=1e-5)
+        finally:
+            adapter.cfg_in_training = False
+    torch.testing.assert_close(guided[0], v_uncond + 6.0 * (v_cond - v_uncond), atol=1e-5, rtol=1e-5)
+
+
+def test_lora_export_loads_into_a_fresh_transformer_with_the_same_predictions(model_dir, tmp_path) -> None:
+    adapter = HunyuanVideo15Adapter.from_config(config(model_dir, cfg_scale=1.0), BuildContext())
+    finetune.attach_lora(adapter.denoiser, rank=4, alpha=8, target_modules=adapter.lora_target_modules)
+    with torch.no_grad():  # a "trained" LoRA: B != 0
+        for name, p in adapter.denoiser.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(len(name)))
+    adapter.export_trained(tmp_path / "final")
+    assert (tmp_path / "final" / "pytorch_lora_weights.safetensors").is_file()
+    assert "load_lora_adapter" in (tmp_path / "final" / EXPORT_INFO).read_text()
+    cond = adapter.encode_prompts(PROMPTS)
+    z, t = noise(2, seed=6), torch.tensor([0.4, 0.9])
+    fresh = HunyuanVideo15Adapter(
+        HunyuanVideo15Pipeline.from_pretrained(model_dir), height=HY_SIDE, width=HY_SIDE, num_frames=HY_FRAMES
+    )
+    with torch.no_grad():
+        trained, base = adapter.predict(z, t, cond), fresh.predict(z, t, cond)
+        # rank and alpha come from the file's metadata
+        fresh.pipe.transformer.load_lora_adapter(
+            tmp_path / "final", prefix="transformer", weight_name="pytorch_lora_weights.safetensors"
+        )
+        loaded = fresh.predict(z, t, cond)
+    assert (trained - base).abs().max() > 1e-3
+    torch.testing.assert_close(loaded, trained, atol=1e-6, rtol=1e-5)
+
+
+def test_full_finetune_export_is_a_transformer_folder(model_dir, tmp_path) -> None:
+    adapter = HunyuanVideo15Adapter.from_config(config(model_dir), BuildContext())
+    finetune.enable_full_finetune(adapter.denoiser)
+    with torch.no_grad():
+        adapter.denoiser.proj_out.weight.add_(0.1)
+    adapter.export_trained(tmp_path / "final")
+    reloaded = type(adapter.denoiser).from_pretrained(tmp_path / "final" / "transformer")
+    torch.testing.assert_close(reloaded.proj_out.weight, adapter.denoiser.proj_out.weight)
+
+
+@pytest.mark.slow  # 20-60 s on one CPU thread: 1000 text tokens per prompt, CFG in training
+def test_vgrpo_run_of_the_shipped_recipe_with_tiny_weights_completes_two_iterations(
+    model_dir, tmp_path
+) -> None:
+    """``vgrpo run recipes/hunyuan_video15_pickscore.toml`` with the tiny pipeline and a tiny PickScore
+    substituted, the recipe's own rewards (frame-wise PickScore + motion) and plugins found by entry point."""
+    from tiny_clip import save_clip
+    from typer.testing import CliRunner
+
+    from vgrpo_platform import cli
+    from vgrpo_platform.metrics import read_metrics
+
+    clip = save_clip(tmp_path / "pickscore")
+    overrides = [
+        f'adapter.options.model="{model_dir}"',
+        f"adapter.options.resolution={HY_SIDE}",
+        f"adapter.options.num_frames={HY_FRAMES}",
+        "adapter.options.vae_tiling=false",
+        f'rewards.0.options.options={{model="{clip}", processor="{clip}"}}',
+        "run.device=cpu",
+        "run.mixed_precision=no",
+        f'run.output_dir="{tmp_path}"',
+        "log.progress=none",
+        "rollout.group_size=2",
+        "rollout.prompts_per_iteration=2",
+        "rollout.steps=2",
+        "surrogate.options.n_mc=2",
+        "train.iterations=2",
+        "train.micro_batch_size=4",
+        "train.lora_rank=4",
+        "eval.every=0",
+    ]
+    args = ["run", str(ROOT / "recipes" / "hunyuan_video15_pickscore.toml")]
+    for item in overrides:
+        args += ["--set", item]
+    result = CliRunner().invoke(cli.app, args, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    run_dir = tmp_path / "hunyuan_video15_pickscore"
+    records = [rec for rec in read_metrics(run_dir / "metrics.jsonl") if rec["kind"] == "train"]
+    assert [rec["iteration"] for rec in records] == [1, 2]
+    assert all(math.isfinite(rec["loss"]) for rec in records)
+    assert (run_dir / "final" / "pytorch_lora_weights.safetensors").is_file()
