@@ -10,7 +10,7 @@ import pytest
 PINNED = {
     "vgrpo_platform.protocols": [
         "Adapter", "BuildContext", "NoiseSchedule", "ReferencePolicy", "Reward", "RolloutBatch",
-        "SamplerSpec", "Samples", "Surrogate",
+        "SamplerSpec", "Samples", "Surrogate", "SurrogateBase",
     ],
     "vgrpo_platform.hookspecs": [
         "hookimpl", "register_adapters", "register_commands", "register_rewards", "register_surrogates",

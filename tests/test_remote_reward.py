@@ -411,9 +411,7 @@ def comparable(records: list[dict]) -> list[dict]:
             parts[1] = "shapes"
         return "/".join(parts)
 
-    return [
-        {key(k): v for k, v in r.items()} for r in without_timing(records)
-    ]
+    return [{key(k): v for k, v in r.items()} for r in without_timing(records)]
 
 
 def vgrpo(monkeypatch, *argv: str) -> int:  # noqa: ANN001

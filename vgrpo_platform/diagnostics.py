@@ -24,7 +24,7 @@ from collections.abc import Iterator
 
 import torch
 
-from vgrpo_platform.protocols import Adapter, RolloutBatch, Surrogate
+from vgrpo_platform.protocols import Adapter, RolloutBatch, SurrogateBase
 
 DEFAULT_REPEATS = 4
 DEFAULT_GRAD_SAMPLES = 8
@@ -84,7 +84,7 @@ def surrogate_diagnostics(
 
 
 def measure_surrogate(
-    surrogate: Surrogate,
+    surrogate: SurrogateBase,
     batch: RolloutBatch,
     adapter: Adapter,
     generator: torch.Generator,
@@ -100,28 +100,25 @@ def measure_surrogate(
     ratio is 1 and the policy term's gradient is the surrogate's own (a KL to the old policy has zero
     gradient there; one to the frozen reference adds its own). ``batch`` is not modified.
     """
-    if hasattr(surrogate, "rollout"):  # MDP surrogates (per-step log-probs): no per-sample ELBO
+    if surrogate.owns_rollout:  # MDP surrogates (per-step log-probs): no per-sample ELBO
         return {}
     with _old_policy_stored(surrogate):
         return _measure(surrogate, batch, adapter, generator, repeats, grad_samples)
 
 
 @contextlib.contextmanager
-def _old_policy_stored(surrogate: Surrogate) -> Iterator[None]:
+def _old_policy_stored(surrogate: SurrogateBase) -> Iterator[None]:
     """Make ``prepare`` store ``old_loss`` even where the trainer planned one step per batch."""
-    plan_updates = getattr(surrogate, "plan_updates", None)
-    planned = getattr(surrogate, "gradient_steps", 0)
-    if plan_updates is not None:
-        plan_updates(0)
+    planned = surrogate.gradient_steps
+    surrogate.plan_updates(0)
     try:
         yield
     finally:
-        if plan_updates is not None:
-            plan_updates(planned)
+        surrogate.plan_updates(planned)
 
 
 def _measure(
-    surrogate: Surrogate,
+    surrogate: SurrogateBase,
     batch: RolloutBatch,
     adapter: Adapter,
     generator: torch.Generator,

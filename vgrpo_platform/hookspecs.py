@@ -41,8 +41,8 @@ def register_surrogates(register):  # noqa: ANN001
     """Register policy-likelihood surrogates (V-GRPO and the baselines).
 
     Call ``register(name, factory, config, summary=...)``; ``factory(config, context)`` returns an
-    object satisfying ``vgrpo_platform.protocols.Surrogate``. ``config`` validates
-    ``[surrogate.options]``.
+    instance of a ``vgrpo_platform.protocols.SurrogateBase`` subclass (``prepare``, ``loss`` and the
+    optional hooks). ``config`` validates ``[surrogate.options]``.
     """
 
 

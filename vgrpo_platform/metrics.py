@@ -7,7 +7,10 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 
 class MetricsWriter:
@@ -46,6 +49,30 @@ def _iteration(line: str) -> int:
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def reward_metrics(
+    total: torch.Tensor,  # [N] the weighted reward of the global batch
+    terms: dict[str, torch.Tensor],  # each reward's [N] scores
+    details: dict[str, torch.Tensor],  # each reward's [N] detail values (e.g. shapes' criteria)
+    advantages: torch.Tensor,  # [N]
+    group_ids: torch.Tensor,  # [N]
+) -> dict[str, float]:
+    """A training record's reward and advantage fields: means, spreads and the share of groups whose
+    samples all scored alike (they carry no learning signal)."""
+    from vgrpo_platform.grpo import zero_std_fraction
+
+    record = {"reward": total.mean().item()}
+    for key, value in terms.items():
+        record[f"reward/{key}"] = value.mean().item()
+        record[f"reward_std/{key}"] = value.std(unbiased=False).item()
+    for key, value in details.items():
+        record[f"detail/{key}"] = value.mean().item()
+    record["advantage_mean"] = advantages.mean().item()
+    record["advantage_std"] = advantages.std(unbiased=False).item()
+    record["advantage_abs_max"] = advantages.abs().max().item()
+    record["zero_std_fraction"] = zero_std_fraction(total, group_ids)
+    return record
 
 
 def is_timing(key: str) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # the entry modules of plugins import this file: keep torch out of import time
     import torch
@@ -156,22 +156,8 @@ class RolloutBatch:
 class Surrogate(Protocol):
     """A stand-in for ``log pi_theta(o | c)`` and the policy loss built on it.
 
-    Optional methods the loop calls when present (the MDP and EMA baselines need them):
-
-    - ``begin_iteration(iteration: int) -> None``: before each training rollout (1-based iteration),
-      e.g. to place MixGRPO's sliding SDE window.
-    - ``rollout(adapter, noise [B, *L], cond, sampler, generator) -> (latents [B, *L], extras)``: used
-      instead of ``adapter.sample`` for training rollouts (never for evaluation), e.g. an SDE sampler
-      recording its trajectory ``[B, T+1, *L]``, timesteps ``[B, T+1]`` and old log-probs ``[B, T]``;
-      ``extras`` (batch-first) start ``batch.extras``, so micro-batching slices them.
-    - ``after_step(adapter) -> None``: after each optimiser step, e.g. to update an EMA old policy.
-    - ``plan_updates(gradient_steps: int) -> None``: told once, before training, how many optimiser
-      steps each batch gets (0 = unknown). With 1, ``loss`` runs on the old policy itself, so
-      ``prepare`` may leave the old policy's forward to ``loss`` (one forward pass fewer per sample).
-
-    Optional attribute: ``initial_noise: "sample" | "group"`` (default ``"sample"``): ``"group"`` asks
-    for one initial noise per prompt group in training rollouts (DanceGRPO, Flow-GRPO-Fast;
-    ``rollout.generate_with_extras``'s ``noise_scope``).
+    Implement it by subclassing ``SurrogateBase``, which gives the optional hooks the loop calls on
+    every surrogate (``begin_iteration``, ``plan_updates``, ``after_step``, ``rollout``) as no-ops.
     """
 
     def prepare(self, batch: RolloutBatch, adapter: Adapter, generator: torch.Generator) -> None:
@@ -182,6 +168,49 @@ class Surrogate(Protocol):
     def loss(self, batch: RolloutBatch, adapter: Adapter) -> tuple[torch.Tensor, dict[str, float]]:
         """Scalar loss to minimise, the mean over the (micro-)batch's samples, and metrics."""
         ...
+
+
+class SurrogateBase:
+    """The base of every surrogate: ``prepare`` and ``loss`` to write, and the loop's optional hooks
+    as no-ops to override where a method needs them (the MDP and EMA baselines do). The loop calls
+    each hook on every surrogate, so none is looked up by name."""
+
+    initial_noise: Literal["sample", "group"] = "sample"
+    """``"group"``: one initial noise per prompt group in training rollouts (DanceGRPO, Flow-GRPO-Fast)."""
+    owns_rollout: bool = False
+    """True: training rollouts come from ``rollout`` instead of ``adapter.sample`` (never evaluations)."""
+    gradient_steps: int = 0
+    """Optimiser steps each batch gets, as told by ``plan_updates`` (0 = unknown)."""
+
+    def prepare(self, batch: RolloutBatch, adapter: Adapter, generator: torch.Generator) -> None:
+        raise NotImplementedError(f"{type(self).__name__} must implement prepare()")
+
+    def loss(self, batch: RolloutBatch, adapter: Adapter) -> tuple[torch.Tensor, dict[str, float]]:
+        raise NotImplementedError(f"{type(self).__name__} must implement loss()")
+
+    def begin_iteration(self, iteration: int) -> None:
+        """Before each training rollout (1-based), e.g. to place MixGRPO's sliding SDE window."""
+
+    def plan_updates(self, gradient_steps: int) -> None:
+        """Told before training (and by diagnostics) how many optimiser steps each batch gets. With 1,
+        ``loss`` runs on the old policy itself, so ``prepare`` may leave the old policy's forward to it."""
+        self.gradient_steps = gradient_steps
+
+    def after_step(self, adapter: Adapter) -> None:
+        """After each optimiser step, e.g. to move an EMA old policy."""
+
+    def rollout(
+        self,
+        adapter: Adapter,
+        noise: torch.Tensor,
+        cond: Conditioning,
+        sampler: SamplerSpec,
+        generator: torch.Generator,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """With ``owns_rollout``: ``noise [B, *L]`` -> ``(clean latents [B, *L], extras)``, e.g. an SDE
+        recording its trajectory ``[B, T+1, *L]``, timesteps ``[B, T+1]`` and old log-probs ``[B, T]``;
+        ``extras`` (batch-first) start ``batch.extras``, so micro-batching slices them."""
+        raise NotImplementedError(f"{type(self).__name__} samples with the adapter (owns_rollout = False)")
 
 
 class ReferencePolicy(Protocol):

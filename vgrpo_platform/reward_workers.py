@@ -278,6 +278,31 @@ class ProcessScorer(Scorer):
             self._pool = None
 
 
+def build_scorer(
+    scoring: Any,  # recipe_schema.ScoringSection
+    session: Any,  # session.Session: the inline rewards
+    resolved: Any,  # recipe.ResolvedRecipe: what a worker rebuilds
+    context: BuildContext,  # the worker's (its device is scoring.device or the run's)
+    *,
+    offload_device: torch.device | None,
+    on_restart: Callable[[str], None],
+) -> Scorer:
+    """``[scoring]``: the session's rewards scored here, or a worker process that builds its own."""
+    if scoring.isolation == "inline":
+        return InlineScorer(
+            session.rewards, session.eval_rewards, offload_device=offload_device, overlap=scoring.overlap
+        )
+    return ProcessScorer(
+        resolved.rewards,
+        resolved.eval_rewards,
+        context=context,
+        overlap=scoring.overlap,
+        max_restarts=scoring.max_restarts,
+        threads=scoring.worker_threads,
+        on_restart=on_restart,
+    )
+
+
 def merge(parts: Sequence[Scores]) -> Scores:
     """Concatenate per-batch ``(terms, details)`` along the batch, in order."""
     if len(parts) == 1:

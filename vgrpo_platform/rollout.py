@@ -43,7 +43,7 @@ RolloutFn = Callable[
     [Adapter, torch.Tensor, Conditioning, SamplerSpec, torch.Generator],
     tuple[torch.Tensor, dict[str, torch.Tensor]],
 ]
-"""A surrogate's own sampler (``Surrogate.rollout``): ``(latents [B, *L], extras {key: [B, ...]})``."""
+"""A surrogate's own sampler (``SurrogateBase.rollout``): ``(latents [B, *L], extras {key: [B, ...]})``."""
 
 
 @torch.no_grad()

@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 
 from vgrpo_platform import finetune, offload
-from vgrpo_platform.protocols import Adapter, BuildContext, Surrogate
+from vgrpo_platform.errors import PluginError
+from vgrpo_platform.protocols import Adapter, BuildContext, SurrogateBase
 from vgrpo_platform.recipe_schema import Recipe, TrainSection
 from vgrpo_platform.scoring import WeightedReward
 
@@ -37,7 +38,7 @@ class Session:
     adapter: Adapter
     trainable: dict[str, torch.nn.Parameter]  # name -> parameter the optimiser updates
     rewards: list[WeightedReward]
-    surrogate: Surrogate
+    surrogate: SurrogateBase
     context: BuildContext
     eval_rewards: list[WeightedReward] = field(
         default_factory=list
@@ -86,6 +87,11 @@ def build_session(
 
     rewards = build_rewards(resolved.rewards)
     surrogate = resolved.surrogate.spec.factory(resolved.surrogate.config, context)
+    if not isinstance(surrogate, SurrogateBase):  # the loop calls its hooks without asking
+        raise PluginError(
+            f"surrogate '{resolved.surrogate.spec.name}' built a {type(surrogate).__name__}, which does not "
+            "subclass vgrpo_platform.protocols.SurrogateBase; subclass it (its optional hooks are no-ops)"
+        )
     with torch.random.fork_rng(devices=[]):  # evaluation-only rewards leave training's random draws alone
         eval_rewards = build_rewards(resolved.eval_rewards)
     return Session(

@@ -27,13 +27,10 @@ How it departs from textbook GRPO (see docs/concepts.md):
 
 from __future__ import annotations
 
-import json
 import math
-import signal
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -66,46 +63,18 @@ from vgrpo_platform.faults import (
     with_evaluation_hint,
     with_policy_hint,
 )
-from vgrpo_platform.grids import save_before_after
-from vgrpo_platform.grpo import compute_advantages, zero_std_fraction
+from vgrpo_platform.grpo import compute_advantages
+from vgrpo_platform.interrupts import StopFlag
 from vgrpo_platform.lr_schedule import build_lr_schedule
-from vgrpo_platform.metrics import MetricsWriter, Progress, read_metrics
+from vgrpo_platform.metrics import MetricsWriter, Progress, read_metrics, reward_metrics
 from vgrpo_platform.prompt_sampler import PromptSampler
 from vgrpo_platform.protocols import BuildContext, RolloutBatch, SamplerSpec
 from vgrpo_platform.recipe import save_resolved
-from vgrpo_platform.reward_workers import GroupFeeder, InlineScorer, ProcessScorer, Scorer
+from vgrpo_platform.reward_workers import GroupFeeder, build_scorer
 from vgrpo_platform.rollout import generate_with_extras
+from vgrpo_platform.run_summary import summarise
 from vgrpo_platform.session import Session, build_session, fingerprint, resolve_device, run_dir_of
 from vgrpo_platform.tracking import Tracking, require
-
-
-class _StopFlag:
-    """Set by SIGINT/SIGTERM; the loop stops cleanly at the end of the current iteration."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self.signal_name = ""
-
-    @contextmanager
-    def installed(self) -> Iterator[None]:
-        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-
-        def handler(signum, frame):  # noqa: ANN001
-            if self.requested:  # second signal: stop now, the last checkpoint stays valid
-                raise KeyboardInterrupt
-            self.requested, self.signal_name = True, signal.Signals(signum).name
-
-        try:
-            for s in previous:
-                signal.signal(s, handler)
-        except ValueError:  # not the main thread: leave signals alone
-            yield
-            return
-        try:
-            yield
-        finally:
-            for s, h in previous.items():
-                signal.signal(s, h)
 
 
 class Trainer:
@@ -148,7 +117,14 @@ class Trainer:
                 resolved, context, rewards_here=scoring.isolation == "inline"
             )
         self.notices: list[str] = []  # reward-worker restarts, reported by run() after the iteration
-        self.scorer = self._build_scorer(context)
+        self.scorer = build_scorer(
+            recipe.scoring,
+            self.session,
+            resolved,
+            replace(context, device=torch.device(recipe.scoring.device or self.device)),
+            offload_device=self.reward_device,
+            on_restart=self.notices.append,
+        )
         optimizer = torch.optim.AdamW(
             self.session.trainable.values(),
             lr=t.lr,
@@ -164,9 +140,7 @@ class Trainer:
         # after sharding, so the average mirrors each rank's slice
         self.average = WeightAverage(self.session.trainable, t.ema_decay) if t.ema_decay else None
         self.lr_schedule = build_lr_schedule(self.optimizer, t)
-        plan_updates = getattr(self.session.surrogate, "plan_updates", None)  # optional surrogate hook
-        if plan_updates is not None:
-            plan_updates(t.gradient_steps_per_iteration)
+        self.session.surrogate.plan_updates(t.gradient_steps_per_iteration)
         self.protocol = Protocol.of(resolved)  # the held-out prompts, seeds and sampler of every evaluation
         self.prompts = PromptSampler(
             resolved.train_prompts, seed=recipe.run.seed, shuffle=recipe.prompts.shuffle
@@ -197,27 +171,6 @@ class Trainer:
                 records = read_metrics(self.metrics.path)
                 self.eval_history = [r for r in records if r.get("kind") == "eval"]
 
-    def _build_scorer(self, context: BuildContext) -> Scorer:
-        """``[scoring]``: the rewards inline (the session's) or in a worker process built here."""
-        scoring, resolved = self.recipe.scoring, self.resolved
-        if scoring.isolation == "inline":
-            return InlineScorer(
-                self.session.rewards,
-                self.session.eval_rewards,
-                offload_device=self.reward_device,
-                overlap=scoring.overlap,
-            )
-        device = torch.device(scoring.device) if scoring.device else self.device
-        return ProcessScorer(
-            resolved.rewards,
-            resolved.eval_rewards,
-            context=replace(context, device=device),
-            overlap=scoring.overlap,
-            max_restarts=scoring.max_restarts,
-            threads=scoring.worker_threads,
-            on_restart=self.notices.append,
-        )
-
     def _report_notices(self, iteration: int, progress: Progress) -> None:
         for notice in self.notices:
             self._write({"kind": "reward_worker_restarted", "iteration": iteration, "reason": notice})
@@ -230,7 +183,7 @@ class Trainer:
         total = recipe.train.iterations
         main = self.accelerator.is_main_process
         progress = Progress(recipe.log.progress if main else "none", total, start=self.start_iteration)
-        stop = _StopFlag()
+        stop = StopFlag()
         self.t_start = time.perf_counter() - self.elapsed  # see _elapsed()
         if self.shard.world > 1:
             progress.message(f"data parallel: {self.shard.world} processes, {describe(self.accelerator)}")
@@ -304,7 +257,7 @@ class Trainer:
                 if self.accelerator.is_main_process:
                     export(self.run_dir / "final")
         if self.accelerator.is_main_process:
-            self._summary(progress)
+            summarise(self.run_dir, progress)
         return self.run_dir
 
     def _elapsed(self) -> float:
@@ -439,9 +392,7 @@ class Trainer:
         block = self.shard.prompt_block(len(prompts))  # this rank's whole groups
         group_size = recipe.rollout.group_size
         sampler = SamplerSpec(recipe.rollout.sampler, recipe.rollout.steps)
-        begin = getattr(session.surrogate, "begin_iteration", None)  # optional surrogate hook
-        if begin is not None:
-            begin(iteration)
+        session.surrogate.begin_iteration(iteration)
         first_row = block.start * group_size
         fault = None
         t1 = t0
@@ -459,7 +410,7 @@ class Trainer:
                 device=self.device,
                 rollout_fn=self._surrogate_rollout(),  # MDP baselines sample their own SDE
                 noise_window=(first_row, len(prompts) * group_size),
-                noise_scope=getattr(session.surrogate, "initial_noise", "sample"),  # DanceGRPO: per group
+                noise_scope=session.surrogate.initial_noise,  # DanceGRPO: one noise per group
                 on_chunk=feeder if self.scorer.overlap else None,  # [scoring] overlap: scored meanwhile
             )
             group_ids = local_ids + block.start  # ids in the global batch
@@ -513,16 +464,7 @@ class Trainer:
         update = self.update(batch, iteration)
         t3 = time.perf_counter()
         record: dict[str, float] = {"kind": "train", "iteration": iteration, "epoch": self.prompts.epoch}
-        record["reward"] = total_reward.mean().item()
-        for key, value in terms.items():
-            record[f"reward/{key}"] = value.mean().item()
-            record[f"reward_std/{key}"] = value.std(unbiased=False).item()
-        for key, value in details.items():
-            record[f"detail/{key}"] = value.mean().item()
-        record["advantage_mean"] = advantages.mean().item()
-        record["advantage_std"] = advantages.std(unbiased=False).item()
-        record["advantage_abs_max"] = advantages.abs().max().item()
-        record["zero_std_fraction"] = zero_std_fraction(total_reward, all_ids)
+        record.update(reward_metrics(total_reward, terms, details, advantages, all_ids))
         record.update(update)
         record.update(diagnostics)
         record["lr"] = self.optimizer.param_groups[0]["lr"]
@@ -576,17 +518,16 @@ class Trainer:
             self.lr_schedule.step()
             if self.average is not None:
                 self.average.update(self.session.trainable)
-            after_step = getattr(self.session.surrogate, "after_step", None)  # e.g. an EMA old policy
-            if after_step is not None:
-                after_step(self.session.adapter)
+            self.session.surrogate.after_step(self.session.adapter)  # e.g. an EMA old policy
         metrics = reduce_metrics(self.accelerator, {**sums, **extremes})
         return {**metrics, "grad_norm": sum(grad_norms) / len(grad_norms), "gradient_steps": steps}
 
     def _surrogate_rollout(self):  # noqa: ANN202 - rollout.RolloutFn or None
         """The surrogate's own sampler, under the autocast of its ``loss`` (so on-policy ratios are 1)."""
-        rollout = getattr(self.session.surrogate, "rollout", None)
-        if rollout is None:
+        surrogate = self.session.surrogate
+        if not surrogate.owns_rollout:
             return None
+        rollout = surrogate.rollout
 
         def autocast_rollout(*args):  # noqa: ANN002, ANN202
             with self.accelerator.autocast():
@@ -725,37 +666,10 @@ class Trainer:
                 "or start a new run with --set run.name=<new name>"
             )
 
-    def _summary(self, progress: Progress) -> None:
-        """Before / after on the held-out prompts: every reward and detail, and the sample grids."""
-        evals = [r for r in _read_jsonl(self.run_dir / "metrics.jsonl") if r.get("kind") == "eval"]
-        if len(evals) < 2:
-            return
-        first, last = evals[0], evals[-1]
-        progress.message(
-            f"held-out reward: {first['reward']:.4f} at iteration {first['iteration']} -> "
-            f"{last['reward']:.4f} at iteration {last['iteration']}  (run dir: {self.run_dir})"
-        )
-        for key in sorted(k for k in last if k.startswith(("reward/", "detail/", "monitor/")) and k in first):
-            delta = last[key] - first[key]
-            progress.message(f"  {key}: {first[key]:.4f} -> {last[key]:.4f} ({delta:+.4f})")
-        samples = self.run_dir / "samples"
-        grid = save_before_after(
-            samples / f"eval_{first['iteration']:06d}.png",
-            samples / f"eval_{last['iteration']:06d}.png",
-            samples / "before_after.png",
-            labels=(f"iteration {first['iteration']}", f"iteration {last['iteration']}"),
-        )
-        if grid is not None:
-            progress.message(f"before/after samples (same prompts, same seeds): {grid}")
-
 
 def _headline(record: dict[str, float]) -> dict[str, float]:
     keys = ("reward", "loss", "kl", "ratio_mean", "time_iteration")
     return {k: record[k] for k in keys if k in record}
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def run(resolved, *, resume: bool = False) -> Path:  # noqa: ANN001 - recipe.ResolvedRecipe

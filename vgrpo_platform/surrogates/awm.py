@@ -31,7 +31,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from vgrpo_platform.protocols import Adapter, RolloutBatch
+from vgrpo_platform.protocols import Adapter, RolloutBatch, SurrogateBase
 from vgrpo_platform.surrogates import elbo
 from vgrpo_platform.surrogates.configs import AWMConfig
 from vgrpo_platform.surrogates.nft import EMAPolicy
@@ -86,7 +86,7 @@ def stratified_grid_indices(
     return lower + (u * (upper - lower)).long()  # [n_sets, k]
 
 
-class AWMSurrogate:
+class AWMSurrogate(SurrogateBase):
     """The ``awm`` and ``awm_authors`` surrogates; see ``AWMConfig``."""
 
     def __init__(self, config: AWMConfig | None = None) -> None:

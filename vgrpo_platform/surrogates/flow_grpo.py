@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from vgrpo_platform import sde
-from vgrpo_platform.protocols import Adapter, Conditioning, RolloutBatch, SamplerSpec
+from vgrpo_platform.protocols import Adapter, Conditioning, RolloutBatch, SamplerSpec, SurrogateBase
 from vgrpo_platform.surrogates.configs import FlowGRPOConfig
 
 
@@ -89,8 +89,10 @@ def random_step_subset(candidates: torch.Tensor, fraction: float, generator: tor
     return rank < keep[:, None]
 
 
-class FlowGRPOSurrogate:
+class FlowGRPOSurrogate(SurrogateBase):
     """The ``flow_grpo`` surrogate; see ``FlowGRPOConfig``."""
+
+    owns_rollout = True  # its SDE rollout records the per-step log-probs the loss needs
 
     def __init__(self, config: FlowGRPOConfig | None = None) -> None:
         self.config = config if config is not None else FlowGRPOConfig()

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 import torch
 
 from vgrpo_platform.finetune import values_swapped_in
-from vgrpo_platform.protocols import Adapter, RolloutBatch
+from vgrpo_platform.protocols import Adapter, RolloutBatch, SurrogateBase
 from vgrpo_platform.surrogates import elbo
 from vgrpo_platform.surrogates.configs import DiffusionNFTConfig
 from vgrpo_platform.timesteps import draw_pairs
@@ -100,7 +100,7 @@ class EMAPolicy:
             yield
 
 
-class DiffusionNFTSurrogate:
+class DiffusionNFTSurrogate(SurrogateBase):
     """The ``diffusion_nft`` surrogate; see ``DiffusionNFTConfig``."""
 
     def __init__(self, config: DiffusionNFTConfig | None = None) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from vgrpo_platform.protocols import Adapter, RolloutBatch
+from vgrpo_platform.protocols import Adapter, RolloutBatch, SurrogateBase
 from vgrpo_platform.surrogates import elbo
 from vgrpo_platform.surrogates.configs import VGRPOConfig
 from vgrpo_platform.timesteps import draw_pairs
@@ -42,19 +42,15 @@ def predict_x0_on_pairs(
     return torch.stack(preds, dim=1)  # [B, K, *L]
 
 
-class VGRPOSurrogate:
+class VGRPOSurrogate(SurrogateBase):
     """The ``vgrpo`` (and ``elbo_naive``) surrogate; see ``VGRPOConfig`` for the options."""
 
     def __init__(self, config: VGRPOConfig | None = None) -> None:
         self.config = config if config is not None else VGRPOConfig()
-        self.gradient_steps = 0  # optimiser steps per batch, as planned by the trainer (0 = unknown)
-
-    def plan_updates(self, gradient_steps: int) -> None:
-        """With one step per batch the loss's own forward is the old policy's (see the module doc)."""
-        self.gradient_steps = gradient_steps
 
     @property
     def old_from_loss(self) -> bool:
+        """With one step per batch (``plan_updates(1)``) the loss's own forward is the old policy's."""
         return self.gradient_steps == 1
 
     def _pair_losses(self, x_hat: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:

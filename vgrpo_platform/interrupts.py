@@ -1,0 +1,36 @@
+"""Ctrl-C and SIGTERM as a request to stop: the loop finishes its iteration, saves and exits."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+class StopFlag:
+    """Set by SIGINT/SIGTERM; the loop stops cleanly at the end of the current iteration."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.signal_name = ""
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+        def handler(signum, frame):  # noqa: ANN001
+            if self.requested:  # second signal: stop now, the last checkpoint stays valid
+                raise KeyboardInterrupt
+            self.requested, self.signal_name = True, signal.Signals(signum).name
+
+        try:
+            for s in previous:
+                signal.signal(s, handler)
+        except ValueError:  # not the main thread: leave signals alone
+            yield
+            return
+        try:
+            yield
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
