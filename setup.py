@@ -1,5 +1,7 @@
 """Package discovery for the folders that install under other import names (see pyproject.toml)."""
 
+# It stays: pyproject's packages.find names packages by folder (adapters.flux2, not vgrpo_adapters.flux2).
+
 from setuptools import find_packages, setup
 
 

@@ -1,15 +1,16 @@
-"""What the diffusers-backed flow adapters (``flux``, ``sd3``) share.
+"""What the diffusers-backed flow adapters share, whatever they generate (image, video, audio).
 
 Loading a pipeline by hub id or folder with a clear error, dtype and timestep-shift resolution, the
-per-prompt text-embedding cache, chunked VAE decoding, and writing the trained weights in the format
-diffusers loads back (``pipe.load_lora_weights(dir)`` for LoRA, ``save_pretrained`` for full
-fine-tuning). Model-specific parts (prompt encoding, the transformer call, latent packing) live in
-each adapter's ``impl.py`` as subclasses of ``DiffusersFlowAdapter``.
+per-prompt text-embedding cache, text-encoder offload, rollouts through the core's ODE solvers, the
+construction from a config, and (``_diffusers_export``) writing the trained weights in the format
+diffusers loads back. ``DiffusersFlowAdapter`` holds the modality-independent part, ``DiffusersImageAdapter``
+the image part; ``_diffusers_video`` and the audio adapter add theirs. Model-specific parts (prompt
+encoding, the transformer call, latent packing) live in each adapter's ``impl.py``.
 """
 
 from __future__ import annotations
 
-import json
+import inspect
 import math
 import warnings
 from collections.abc import Callable, Sequence
@@ -17,16 +18,28 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from vgrpo_adapters._diffusers_export import EXPORT_INFO as EXPORT_INFO  # re-exported: its old home
+from vgrpo_adapters._diffusers_export import TransformerExport
 
 from vgrpo_platform.errors import VgrpoError
-from vgrpo_platform.finetune import uses_lora
 from vgrpo_platform.protocols import BuildContext, Conditioning, SamplerSpec, Samples
 from vgrpo_platform.sampling import solve_flow_ode
 from vgrpo_platform.schedules import RectifiedFlowSchedule
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-EXPORT_INFO = "vgrpo_export.json"
-"""Written beside the exported weights: what they are and how to load them."""
+TEXT_ENCODERS = ("text_encoder", "text_encoder_2", "text_encoder_3")
+JOINT_ATTENTION = (
+    "attn.to_q",
+    "attn.to_k",
+    "attn.to_v",
+    "attn.to_out.0",
+    "attn.add_q_proj",
+    "attn.add_k_proj",
+    "attn.add_v_proj",
+)
+"""LoRA targets of an MMDiT's joint attention, image and text streams (FLUX, SD3, HunyuanVideo layouts);
+the text stream's output projection ``attn.to_add_out`` is left to each adapter (some drop it)."""
+"""The pipeline attributes that may hold a (frozen) text encoder."""
 
 
 class ModelWeightsError(VgrpoError):
@@ -145,20 +158,56 @@ class PromptCache:
         return {k: torch.stack([self.rows[p][k] for p in prompts]) for k in keys}
 
 
-# ------------------------------------------------------------------------------------ the adapter
+# ------------------------------------------------------------------------------- small helpers
 
 
-class DiffusersFlowAdapter:
-    """A diffusers text-to-image rectified-flow pipeline as a vgrpo ``Adapter``.
+def latent_stats(vae_config: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel ``latents_mean`` and ``latents_std`` ``[1, C, 1, 1, 1]`` of a video VAE (Wan, Qwen-Image)
+    that normalises its latents, as the pipelines sample them: ``(x - mean) / std``."""
+    shape = (1, vae_config.z_dim, 1, 1, 1)
+    return torch.tensor(vae_config.latents_mean).view(shape), torch.tensor(vae_config.latents_std).view(shape)
 
-    Latents are the VAE's, unpacked ``[C, H/f, W/f]`` (``f`` = the VAE's downsampling), already scaled
-    (``(x - shift_factor) * scaling_factor``). Only the transformer (``denoiser``) is trained; VAE and
-    text encoders are frozen. Subclasses set ``pipeline_class`` and ``lora_target_modules`` and implement
-    ``_encode`` (uncached prompts -> batch-first tensors), ``_transformer`` (one network call) and
-    ``_check_resolution``; they may override ``_rollout_velocity`` (e.g. with CFG).
+
+def lora_targets_but_last_block(
+    shared: Sequence[str], text_output: Sequence[str], blocks: int
+) -> tuple[str, ...]:
+    """LoRA targets with the text-stream outputs named block by block, the last block left out: the model
+    discards that block's text states, so LoRA there would never get a gradient."""
+    per_block = (f"transformer_blocks.{i}.{name}" for i in range(blocks - 1) for name in text_output)
+    return (*shared, *per_block)
+
+
+def constructor_keywords(cls: type) -> set[str]:
+    """The keyword-only parameters an adapter's constructor accepts: those of each ``__init__`` along the
+    MRO while they pass ``**kwargs`` on, and those of ``_init_modality`` (where the base sends the rest)."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        params = inspect.signature(init).parameters.values()
+        names |= {p.name for p in params if p.kind is p.KEYWORD_ONLY}
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    params = inspect.signature(cls._init_modality).parameters.values()
+    return names | {p.name for p in params if p.kind is p.KEYWORD_ONLY}
+
+
+# ------------------------------------------------------------------------------------ the adapters
+
+
+class DiffusersFlowAdapter(TransformerExport):
+    """A diffusers text-conditioned rectified-flow pipeline as a vgrpo ``Adapter``, any modality.
+
+    Only the transformer (``denoiser``) is trained; VAE and text encoders are frozen. A modality's
+    subclass implements ``_init_modality`` (its size options, after the models are on the device),
+    ``default_shift``, ``latent_shape`` and ``decode``; a model's subclass sets ``pipeline_class`` and
+    ``lora_target_modules`` and implements ``_encode`` (uncached prompts -> batch-first tensors) and
+    ``_transformer`` (one network call); it may override ``_rollout_velocity`` (e.g. with CFG).
+    Constructor keywords are named after the config's fields, so one ``options_from_config`` serves all.
     """
 
-    modality = "image"
+    modality: str
     pipeline_class: type
     lora_target_modules: Sequence[str] = ()
 
@@ -166,7 +215,6 @@ class DiffusersFlowAdapter:
         self,
         pipe: Any,
         *,
-        resolution: int,
         device: torch.device | str = "cpu",
         shift: float | None = None,
         max_sequence_length: int = 256,
@@ -174,28 +222,21 @@ class DiffusersFlowAdapter:
         cache_text_embeddings: bool = True,
         text_cache_device: str = "cpu",
         offload_text_encoders: bool = False,
+        **modality_options: Any,
     ) -> None:
         self.pipe = pipe
         self.device = torch.device(device)
-        self.denoiser = pipe.transformer.to(self.device)
+        self.denoiser = self._load_denoiser(pipe)
         self.dtype = self.denoiser.dtype
         self.vae = pipe.vae.requires_grad_(False).eval().to(self.device)
-        self.text_encoders = [
-            m
-            for name in ("text_encoder", "text_encoder_2", "text_encoder_3")
-            if (m := getattr(pipe, name, None)) is not None
-        ]
+        self.text_encoders = [m for name in TEXT_ENCODERS if (m := getattr(pipe, name, None)) is not None]
         self.offload_text_encoders = offload_text_encoders
         for encoder in self.text_encoders:
             encoder.requires_grad_(False).eval().to("cpu" if offload_text_encoders else self.device)
-        self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)
-        self._check_resolution(resolution)
-        self.resolution = resolution
-        self.latent_side = resolution // self.vae_scale_factor
+        self._init_modality(**modality_options)
         self.max_sequence_length = max_sequence_length
         self.decode_chunk_size = decode_chunk_size
-        shift = shift if shift is not None else static_shift(pipe.scheduler.config, self.image_seq_len())
-        self.schedule = RectifiedFlowSchedule(shift)
+        self.schedule = RectifiedFlowSchedule(shift if shift is not None else self.default_shift())
         cache_device = self.device if text_cache_device == "device" else torch.device("cpu")
         self.prompt_cache = PromptCache(cache_text_embeddings, cache_device)
 
@@ -209,25 +250,30 @@ class DiffusersFlowAdapter:
         pipe = load_pipeline(cls.pipeline_class, model, revision=config.revision, dtype=dtype)
         return cls(pipe, device=device, **cls.options_from_config(config))
 
-    @staticmethod
-    def options_from_config(config: Any) -> dict[str, Any]:
-        """Constructor keywords from a config (subclasses add their own)."""
-        return dict(
-            resolution=config.resolution,
-            shift=config.shift,
-            max_sequence_length=config.max_sequence_length,
-            decode_chunk_size=config.decode_chunk_size,
-            cache_text_embeddings=config.cache_text_embeddings,
-            text_cache_device=config.text_cache_device,
-            offload_text_encoders=config.offload_text_encoders,
-        )
+    @classmethod
+    def options_from_config(cls, config: Any) -> dict[str, Any]:
+        """Constructor keywords from the config: each one the config has a field of the same name for."""
+        return {
+            name: getattr(config, name) for name in sorted(constructor_keywords(cls)) if hasattr(config, name)
+        }
+
+    def _load_denoiser(self, pipe: Any) -> Any:
+        """The trained network, on the device (Wan 2.2 wraps its two experts here)."""
+        return pipe.transformer.to(self.device)
 
     # ------------------------------------------------------------------------------- model specifics
-    def _check_resolution(self, resolution: int) -> None:
+    def _init_modality(self) -> None:
+        """Set the modality's size attributes (and check them); runs once the models are on the device."""
         raise NotImplementedError
 
-    def image_seq_len(self) -> int:
-        """Image tokens the transformer sees (what FLUX's dynamic shift is a function of)."""
+    def default_shift(self) -> float:
+        """The model's own timestep shift, used when the config leaves ``shift`` null."""
+        raise NotImplementedError
+
+    def latent_shape(self) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def decode(self, latents: torch.Tensor) -> Samples:
         raise NotImplementedError
 
     def _encode(self, prompts: list[str]) -> Conditioning:
@@ -237,9 +283,6 @@ class DiffusersFlowAdapter:
         raise NotImplementedError
 
     # --------------------------------------------------------------------------------- the protocol
-    def latent_shape(self) -> tuple[int, ...]:
-        return (int(self.vae.config.latent_channels), self.latent_side, self.latent_side)
-
     @torch.no_grad()
     def encode_prompts(self, prompts: Sequence[str]) -> Conditioning:
         """Batch-first conditioning on the adapter's device; cached per prompt string."""
@@ -258,7 +301,7 @@ class DiffusersFlowAdapter:
                 encoder.to("cpu")
 
     def predict(self, z_t: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
-        """Velocity ``v ~ eps - x0`` at latents ``z_t`` ``[B, C, h, w]``, ``t`` ``[B]`` in ``[0, 1]``."""
+        """Velocity ``v ~ eps - x0`` at latents ``z_t`` ``[B, *L]``, ``t`` ``[B]`` in ``[0, 1]``."""
         t = t.to(device=z_t.device, dtype=torch.float32).expand(z_t.shape[0])  # [B]
         return self._transformer(z_t, t, cond).to(z_t.dtype)
 
@@ -266,93 +309,66 @@ class DiffusersFlowAdapter:
         return self.predict(z, t, cond)
 
     def sample(self, noise: torch.Tensor, cond: Conditioning, sampler: SamplerSpec) -> torch.Tensor:
-        """Clean latents ``[B, C, h, w]`` from noise at t=1, without gradient."""
+        """Clean latents ``[B, *L]`` from noise at t=1, without gradient."""
         with torch.no_grad():
             return solve_flow_ode(
                 lambda z, t: self._rollout_velocity(z, t, cond), noise, sampler, shift=self.schedule.shift
             )
 
-    @torch.no_grad()
-    def decode(self, latents: torch.Tensor) -> Samples:
-        """Latents ``[B, C, h, w]`` -> images ``[B, 3, H, W]`` float32 in ``[0, 1]``, in chunks."""
-        cfg = self.vae.config
-        shift = cfg.shift_factor if getattr(cfg, "shift_factor", None) is not None else 0.0
-        images = []
-        for part in latents.split(self.decode_chunk_size):
-            x = part.to(self.device, self.vae.dtype) / cfg.scaling_factor + shift
-            images.append(self.vae.decode(x, return_dict=False)[0].float())  # [b, 3, H, W] in ~[-1, 1]
-        return Samples("image", ((torch.cat(images) + 1) / 2).clamp(0, 1))
 
-    # -------------------------------------------------------------------------------------- export
-    def export_trained(self, out_dir: str | Path) -> None:
-        """LoRA: ``pytorch_lora_weights.safetensors`` that ``pipe.load_lora_weights(out_dir)`` reads (rank and
-        alpha in its metadata). Full fine-tuning: ``out_dir/transformer`` via ``save_pretrained``."""
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        base = getattr(self.pipe, "name_or_path", None) or "<base model>"
-        if uses_lora(self.denoiser):
-            from peft.utils import get_peft_model_state_dict
+class DiffusersImageAdapter(DiffusersFlowAdapter):
+    """A text-to-image pipeline: square images of ``resolution`` pixels.
 
-            state = {
-                k: v.detach().to("cpu").contiguous()
-                for k, v in get_peft_model_state_dict(self.denoiser).items()
-            }
-            peft_config = getattr(self.denoiser, "peft_config", {}).get("default")
-            self.pipeline_class.save_lora_weights(
-                out,
-                transformer_lora_layers=state,
-                transformer_lora_adapter_metadata=peft_config.to_dict() if peft_config is not None else None,
-            )
-            info = {
-                "kind": "lora",
-                "load": f"{self.pipeline_class.__name__}.from_pretrained('{base}')"
-                f".load_lora_weights('{out}')",
-            }
-        else:
-            self.denoiser.save_pretrained(out / "transformer")
-            info = {
-                "kind": "full",
-                "load": f"{type(self.denoiser).__name__}.from_pretrained('{out / 'transformer'}')"
-                " then pass transformer=... to the pipeline's from_pretrained",
-            }
-        info.update(base_model=base, resolution=self.resolution, shift=self.schedule.shift)
-        (out / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n")
-
-
-class TrueCFGMixin:
-    """True classifier-free guidance, shared by the adapters that offer it (SD3, Wan, LongCat audio).
-
-    Rollouts are guided when ``cfg_scale > 1``; the policy's own predictions (what the surrogate
-    trains) only when ``cfg_in_training`` is set too. Subclasses say what the unconditional branch
-    sees in ``null_conditioning``. Put the mixin before ``DiffusersFlowAdapter`` in the bases.
+    Latents are the VAE's, unpacked ``[C, H/f, W/f]`` (``f`` = the VAE's downsampling), already scaled
+    (``(x - shift_factor) * scaling_factor``) unless a subclass's ``_vae_decode`` says otherwise. The
+    transformer sees ``patch x patch`` latent pixels per token (2 for the 2x2 packing of FLUX-like models).
     """
 
-    cfg_scale: float
-    cfg_in_training: bool
+    modality = "image"
+    display_name: str = "this model"
+    patch_label: str = "2"
+    """How ``_check_resolution``'s message names the patch side (``patch`` where the config sets it)."""
 
-    @property
-    def uses_cfg(self) -> bool:
-        return self.cfg_scale > 1.0
+    def _init_modality(self, *, resolution: int) -> None:
+        self.vae_scale_factor = self._vae_scale_factor()
+        self._check_resolution(resolution)
+        self.resolution = resolution
+        self.latent_side = resolution // self.vae_scale_factor
 
-    def null_conditioning(self, cond: Conditioning, batch: int) -> Conditioning:
-        """The unconditional branch's conditioning, batch-first ``[batch, ...]`` like ``cond``."""
-        raise NotImplementedError
+    def _vae_scale_factor(self) -> int:
+        return 2 ** (len(self.vae.config.block_out_channels) - 1)
 
-    def guided_velocity(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
-        """``v_null + s (v_cond - v_null)`` from one network call on the doubled batch ``[2B, ...]``."""
-        batch = z.shape[0]
-        null = self.null_conditioning(cond, batch)
-        both = {k: torch.cat([null[k].to(self.device), cond[k].to(self.device)]) for k in cond}
-        t = t.to(device=z.device, dtype=torch.float32).expand(batch)
-        v_null, v_cond = self._transformer(torch.cat([z, z]), torch.cat([t, t]), both).chunk(2)
-        return (v_null + self.cfg_scale * (v_cond - v_null)).to(z.dtype)
+    def _patch(self) -> int:
+        """Latent pixels per transformer token side."""
+        return 2
 
-    def predict(self, z_t: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
-        if self.uses_cfg and self.cfg_in_training:
-            return self.guided_velocity(z_t, t, cond)
-        return super().predict(z_t, t, cond)
+    def _check_resolution(self, resolution: int) -> None:
+        step = self.vae_scale_factor * self._patch()
+        if resolution % step:
+            raise ValueError(
+                f"{self.display_name} needs a resolution divisible by {step} (VAE factor x "
+                f"{self.patch_label}), got {resolution}"
+            )
 
-    def _rollout_velocity(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
-        if self.uses_cfg:
-            return self.guided_velocity(z, t, cond)
-        return super().predict(z, t, cond)
+    def image_seq_len(self) -> int:
+        """Image tokens the transformer sees (what FLUX's dynamic shift is a function of)."""
+        return (self.latent_side // self._patch()) ** 2
+
+    def default_shift(self) -> float:
+        return static_shift(self.pipe.scheduler.config, self.image_seq_len())
+
+    def latent_shape(self) -> tuple[int, ...]:
+        return (int(self.vae.config.latent_channels), self.latent_side, self.latent_side)
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> Samples:
+        """Latents ``[B, *L]`` -> images ``[B, 3, H, W]`` float32 in ``[0, 1]``, in chunks."""
+        images = [self._vae_decode(part) for part in latents.split(self.decode_chunk_size)]
+        return Samples("image", ((torch.cat(images) + 1) / 2).clamp(0, 1))
+
+    def _vae_decode(self, part: torch.Tensor) -> torch.Tensor:
+        """A chunk of latents -> images ``[b, 3, H, W]`` float32 in ``~[-1, 1]``."""
+        cfg = self.vae.config
+        shift = cfg.shift_factor if getattr(cfg, "shift_factor", None) is not None else 0.0
+        x = part.to(self.device, self.vae.dtype) / cfg.scaling_factor + shift
+        return self.vae.decode(x, return_dict=False)[0].float()

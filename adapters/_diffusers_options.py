@@ -1,22 +1,22 @@
-"""Options shared by the diffusers-backed adapters (``flux``, ``sd3``); pydantic only, no torch at import.
+"""Options shared by the diffusers-backed adapters; pydantic only, no torch at import.
 
-The entry modules of both adapters subclass ``DiffusersAdapterConfig`` and add their model-specific
-knobs (FLUX's embedded guidance, SD3's true CFG).
+``DiffusersModelConfig`` holds what every modality accepts, ``DiffusersAdapterConfig`` adds the image
+size, ``DiffusersVideoConfig`` the clip size, and ``CFGOptions`` true classifier-free guidance. The entry
+modules subclass them and add (or re-describe) their model-specific knobs. Field names are the adapters'
+constructor keywords (``DiffusersFlowAdapter.options_from_config`` matches them by name).
 """
 
 from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from vgrpo_platform.registry import PluginConfig
 
 
-class DiffusersAdapterConfig(PluginConfig):
-    """Options every diffusers text-to-image flow adapter accepts."""
-
-    modality: ClassVar[str] = "image"  # lets `vgrpo check` match rewards to the adapter without torch
+class DiffusersModelConfig(PluginConfig):
+    """Options every diffusers flow adapter accepts, whatever it generates."""
 
     model: str = Field(
         description="Hub id (e.g. 'black-forest-labs/FLUX.1-dev') or a local folder in the diffusers layout "
@@ -29,9 +29,6 @@ class DiffusersAdapterConfig(PluginConfig):
     )
     dtype: Literal["auto", "bf16", "fp16", "fp32"] = Field(
         "auto", description="Weight dtype of every component: 'auto' = bf16 on CUDA, fp32 on the CPU."
-    )
-    resolution: int = Field(
-        512, ge=16, multiple_of=16, description="Image side in pixels (square images); a multiple of 16."
     )
     max_sequence_length: int = Field(
         256, ge=1, le=512, description="T5 tokens per prompt (longer prompts are truncated)."
@@ -56,4 +53,63 @@ class DiffusersAdapterConfig(PluginConfig):
         False,
         description="Keep the text encoders in host memory and move them to the device only while encoding "
         "prompts not yet cached (saves their GPU memory, e.g. ~9.5 GB for FLUX's T5-XXL in bf16).",
+    )
+
+
+class DiffusersAdapterConfig(DiffusersModelConfig):
+    """Options every diffusers text-to-image flow adapter accepts."""
+
+    modality: ClassVar[str] = "image"  # lets `vgrpo check` match rewards to the adapter without torch
+
+    resolution: int = Field(
+        512, ge=16, multiple_of=16, description="Image side in pixels (square images); a multiple of 16."
+    )
+
+
+class DiffusersVideoConfig(DiffusersModelConfig):
+    """Options every diffusers text-to-video flow adapter accepts (subclasses add ``width`` and ``fps``)."""
+
+    modality: ClassVar[str] = "video"
+
+    resolution: int | None = Field(
+        None,
+        ge=16,
+        multiple_of=16,
+        description="Shorthand for square frames (sets height and width); null = use height and width.",
+    )
+    height: int = Field(480, ge=16, multiple_of=16, description="Frame height in pixels (multiple of 16).")
+    num_frames: int = Field(
+        33, ge=1, description="Frames per clip; 4k + 1 (the VAE keeps the first frame, then compresses 4:1)."
+    )
+    decode_chunk_size: int = Field(
+        1, ge=1, description="Clips the VAE decodes at once (a clip's decoder activations are large)."
+    )
+    vae_tiling: bool = Field(
+        False, description="Decode each clip in overlapping spatial tiles (bounds memory at high resolution)."
+    )
+
+    @model_validator(mode="after")
+    def _frames_fit_the_vae(self) -> DiffusersVideoConfig:
+        if (self.num_frames - 1) % 4:
+            raise ValueError(
+                f"num_frames must be 4k + 1 (the VAE compresses time 4:1), got {self.num_frames}"
+            )
+        return self
+
+
+class CFGOptions(PluginConfig):
+    """True classifier-free guidance (``TrueCFGMixin``); put it after the adapter's base config."""
+
+    cfg_scale: float = Field(
+        1.0,
+        ge=1.0,
+        description="True classifier-free guidance scale; 1 = off (one network pass). Above 1 every rollout "
+        "step costs two passes: v = v_neg + s (v_cond - v_neg).",
+    )
+    cfg_in_training: bool = Field(
+        False,
+        description="Also guide the surrogate's predictions (doubles training cost); needs cfg_scale > 1.",
+    )
+    negative_prompt: str = Field(
+        "", description="The unconditional prompt of CFG (the pipeline's default: empty)."
     )

@@ -7,7 +7,7 @@ seeds at the chosen rate, every run a resumable cell (docs/benchmarks.md).
     python benchmarks/compare.py --tables-from benchmarks/results/shapes/summary.json \
         --write-doc docs/benchmarks.md                                 # the docs' tables, from a summary
 
-Every cell is a real run of its own surrogate through the same loop (``vgrpo_platform.train``): same
+Every cell is a real run of its own surrogate through the same loop (``vgrpo_platform.training.loop``): same
 recipe, prompts, rollout batch and evaluation; only ``[surrogate]`` (and, for the MDP baselines, the
 Euler SDE grid they need), the rate and the seed differ. Cells live under ``OUT/runs`` and a second
 invocation skips the finished ones (``matrix.py``). The sweep picks each method's rate with the rule
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_matrix(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
     """Both phases (running, resuming or skipping each cell), then the summary of every finished cell."""
-    from vgrpo_platform.recipe import resolve_recipe
+    from vgrpo_platform.config.recipe import resolve_recipe
 
     recipe = args.recipe or WORLDS[args.world]
     name = recipe.stem if args.recipe else args.world

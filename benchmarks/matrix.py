@@ -89,7 +89,7 @@ def read_marker(run_dir: Path) -> dict[str, Any] | None:
 
 def status(cell: Cell, settings: list[str], out: Path) -> str:
     """``done``, ``failed`` (finished: skipped), ``resume`` (checkpoints, no marker) or ``new``."""
-    from vgrpo_platform.checkpoint import list_checkpoints
+    from vgrpo_platform.training.checkpoint import list_checkpoints
 
     run_dir = cell.directory(out)
     marker = read_marker(run_dir)
@@ -107,9 +107,9 @@ def run_cell(
     cell: Cell, recipe: Path, common: Sequence[str], out: Path, commit: str, say: Callable[[str], None]
 ) -> str:
     """Bring one cell to an end: skip it, resume it or run it; returns its final status."""
+    from vgrpo_platform.config.recipe import resolve_recipe
     from vgrpo_platform.errors import VgrpoError
-    from vgrpo_platform.recipe import resolve_recipe
-    from vgrpo_platform.train import Trainer
+    from vgrpo_platform.training.loop import Trainer
 
     settings = cell.settings(common)
     state = status(cell, settings, out)
@@ -140,7 +140,7 @@ def run_cell(
 
 def read_cell(cell: Cell, out: Path) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """``(marker, metrics records)`` of a finished cell; records are empty for a failed one."""
-    from vgrpo_platform.metrics import read_metrics
+    from vgrpo_platform.training.metrics import read_metrics
 
     run_dir = cell.directory(out)
     marker = read_marker(run_dir)

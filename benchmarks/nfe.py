@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vgrpo_platform.surrogates.flow_grpo import window_mask, window_start
+from vgrpo_platform.algo.surrogates.flow_grpo import window_mask, window_start
 
 FLOW_GRPO_FAMILY = ("flow_grpo", "dance_grpo", "flow_grpo_fast")
 

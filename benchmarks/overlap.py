@@ -20,9 +20,9 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from vgrpo_platform.metrics import read_metrics
-from vgrpo_platform.recipe import resolve_recipe
-from vgrpo_platform.train import Trainer
+from vgrpo_platform.config.recipe import resolve_recipe
+from vgrpo_platform.training.loop import Trainer
+from vgrpo_platform.training.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "quickstart.toml"

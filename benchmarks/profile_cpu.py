@@ -24,8 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vgrpo_platform.recipe import resolve_recipe
-from vgrpo_platform.train import Trainer
+from vgrpo_platform.config.recipe import resolve_recipe
+from vgrpo_platform.training.loop import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "quickstart.toml"

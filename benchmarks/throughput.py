@@ -116,14 +116,14 @@ class Row:
 # ------------------------------------------------------------------------------------ the methods
 def build_surrogate(method: str) -> Any:
     """The shipped surrogate with ``benchmarks/compare.py``'s options for the method."""
-    from vgrpo_platform.surrogates.configs import FlowGRPOConfig, VGRPOConfig
+    from vgrpo_platform.algo.surrogates.configs import FlowGRPOConfig, VGRPOConfig
 
     if method == "vgrpo":
-        from vgrpo_platform.surrogates.vgrpo import VGRPOSurrogate
+        from vgrpo_platform.algo.surrogates.vgrpo import VGRPOSurrogate
 
         surrogate = VGRPOSurrogate(VGRPOConfig(n_mc=4))
     elif method == "flow_grpo":
-        from vgrpo_platform.surrogates.flow_grpo import FlowGRPOSurrogate
+        from vgrpo_platform.algo.surrogates.flow_grpo import FlowGRPOSurrogate
 
         surrogate = FlowGRPOSurrogate(FlowGRPOConfig(kl_include_dt=False, train_last_step=False))
     else:
@@ -256,8 +256,8 @@ def one_iteration(
     """Rollout, then ``prepare`` + one optimiser step; seconds, peaks and call counts of both phases."""
     import torch
 
-    from vgrpo_platform.chunked import ChunkedPredictions
     from vgrpo_platform.protocols import RolloutBatch, SamplerSpec
+    from vgrpo_platform.training.chunked import ChunkedPredictions
 
     device = adapter.device
     generator = torch.Generator().manual_seed(seed)
@@ -271,7 +271,7 @@ def one_iteration(
     _peak_gb(device, reset=True)
     t0 = time.perf_counter()
     with _autocast(device, setting.dtype):
-        if hasattr(surrogate, "rollout"):
+        if surrogate.owns_rollout:  # every SurrogateBase has rollout(); only these sample with it
             latents, extras = surrogate.rollout(log, noise, cond, sampler, generator)
         else:
             latents, extras = adapter.sample(noise, cond, sampler), {}

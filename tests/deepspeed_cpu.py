@@ -41,6 +41,6 @@ if __name__ == "__main__":
 
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     Accelerator.__init__ = _build_with_deepspeed
-    from vgrpo_platform.cli import main
+    from vgrpo_platform.cli.app import main
 
     main()

@@ -29,6 +29,6 @@ def _build_with_fsdp2(self: Accelerator, *args: object, **kwargs: object) -> Non
 
 if __name__ == "__main__":
     Accelerator.__init__ = _build_with_fsdp2
-    from vgrpo_platform.cli import main
+    from vgrpo_platform.cli.app import main
 
     main()

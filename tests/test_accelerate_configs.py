@@ -13,7 +13,7 @@ from accelerate.commands.launch import _validate_launch_command, launch_command_
 from accelerate.utils import DistributedType
 from accelerate.utils.launch import prepare_multi_gpu_env
 
-from vgrpo_platform.recipe_schema import TrainSection
+from vgrpo_platform.config.schema import TrainSection
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "recipes" / "accelerate"
@@ -94,7 +94,7 @@ def test_the_deepspeed_config_is_zero2_and_leaves_clipping_to_the_recipe(monkeyp
     from accelerate.utils import DeepSpeedPlugin
     from accelerate.utils.launch import prepare_deepspeed_cmd_env
 
-    from vgrpo_platform.distributed import configure_deepspeed
+    from vgrpo_platform.parallel.data_parallel import configure_deepspeed
 
     args, defaults = launch_args("deepspeed_zero2_8gpu.yaml")
     assert args.zero_stage == 2 and defaults.deepspeed_config["zero_stage"] == 2

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 
+import adapter_checks as checks
 import pytest
 import torch
 from diffusers import LongCatAudioDiTPipeline
@@ -23,13 +23,11 @@ from vgrpo_adapters.audio.impl import LongCatAudioAdapter
 from vgrpo_rewards import audio as audio_rewards
 
 from vgrpo_platform import media
-from vgrpo_platform.generate import write_samples
-from vgrpo_platform.metrics import read_metrics
-from vgrpo_platform.plugins import build_plugin_manager, collect_components
-from vgrpo_platform.protocols import Adapter, BuildContext, SamplerSpec
-from vgrpo_platform.recipe import resolve_recipe
-from vgrpo_platform.surrogates import plugin as surrogates_plugin
-from vgrpo_platform.train import Trainer
+from vgrpo_platform.algo.surrogates import plugin as surrogates_plugin
+from vgrpo_platform.cli.sample import write_samples
+from vgrpo_platform.config.recipe import resolve_recipe
+from vgrpo_platform.protocols import BuildContext, SamplerSpec
+from vgrpo_platform.training.loop import Trainer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 diffusers_logging.disable_progress_bar()
@@ -44,28 +42,24 @@ def config(model: Path, **options) -> LongCatAudioConfig:
     return LongCatAudioConfig(model=str(model), duration_s=SECONDS, max_sequence_length=TOKENS, **options)
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return build_tiny_longcat(tmp_path_factory.mktemp("longcat") / "pipe")
+def run_overrides(model: Path, tmp_path: Path, target_lufs: float, *run: str) -> list[str]:
+    """A CPU run of the tiny pipeline toward one loudness target."""
+    return [
+        f'adapter.options.model="{model}"',
+        f"adapter.options.duration_s={SECONDS}",
+        f"adapter.options.max_sequence_length={TOKENS}",
+        f'rewards=[{{name="loudness", options={{target_lufs={target_lufs}}}}}]',
+        *checks.cpu_run(tmp_path, *run),
+    ]
 
 
-@pytest.fixture(scope="module")
-def adapter(model_dir) -> LongCatAudioAdapter:
-    return LongCatAudioAdapter.from_config(config(model_dir), BuildContext())
-
-
-def noise(batch: int, seed: int = 0) -> torch.Tensor:
-    return torch.randn(batch, *LATENT, generator=torch.Generator().manual_seed(seed))
+TINY_PIPELINE, ADAPTER = build_tiny_longcat, LongCatAudioAdapter  # the conftest's fixtures build these
+noise = partial(checks.seeded_noise, LATENT)
 
 
 def test_registered_with_a_documented_config_and_a_torch_free_entry_module(model_dir) -> None:
-    registry = collect_components(build_plugin_manager(load_entry_points=False, extra_plugins=[audio_entry]))
-    assert registry.get("adapter", "longcat_audio").config is LongCatAudioConfig
-    assert all(field.description for field in LongCatAudioConfig.model_fields.values())
-    built = registry.build("adapter", "longcat_audio", config(model_dir).model_dump(), BuildContext())
-    assert isinstance(built, LongCatAudioAdapter) and isinstance(built, Adapter) and built.modality == "audio"
-    code = "import vgrpo_adapters.audio, sys; assert 'torch' not in sys.modules, 'torch imported'"
-    subprocess.run([sys.executable, "-c", code], check=True)
+    built = checks.assert_registered(audio_entry, "longcat_audio", config(model_dir), LongCatAudioAdapter)
+    assert built.modality == "audio"
 
 
 def test_shapes_and_audio_samples(adapter) -> None:
@@ -108,20 +102,9 @@ def test_decoded_audio_is_written_as_wav_that_reads_back(adapter, tmp_path) -> N
 
 
 def test_recipe_runs_v_grpo_iterations_and_exports_a_lora(model_dir, tmp_path) -> None:
-    registry = collect_components(
-        build_plugin_manager(
-            load_entry_points=False, extra_plugins=[audio_entry, audio_rewards, surrogates_plugin]
-        )
-    )
+    registry = checks.registry_of(audio_entry, audio_rewards, surrogates_plugin)
     overrides = [
-        f'adapter.options.model="{model_dir}"',
-        f"adapter.options.duration_s={SECONDS}",
-        f"adapter.options.max_sequence_length={TOKENS}",
-        'rewards=[{name="loudness", options={target_lufs=-10.0}}]',
-        "run.device=cpu",
-        "run.mixed_precision=no",
-        f'run.output_dir="{tmp_path}"',
-        "log.progress=none",
+        *run_overrides(model_dir, tmp_path, -10.0),
         "rollout.group_size=4",
         "rollout.prompts_per_iteration=2",
         "rollout.steps=2",
@@ -134,21 +117,17 @@ def test_recipe_runs_v_grpo_iterations_and_exports_a_lora(model_dir, tmp_path) -
     resolved = resolve_recipe(RECIPES / "audio_clap.toml", overrides, registry=registry)
     trainer = Trainer(resolved)
     run_dir = trainer.run()
-    records = [rec for rec in read_metrics(run_dir / "metrics.jsonl") if rec["kind"] == "train"]
-    assert [rec["iteration"] for rec in records] == [1, 2, 3]
-    assert all(math.isfinite(rec["loss"]) and math.isfinite(rec["reward"]) for rec in records)
-    lora_b = [p for n, p in trainer.session.adapter.denoiser.named_parameters() if "lora_B" in n]
-    assert lora_b and max(p.abs().max().item() for p in lora_b) > 0
+    records = checks.assert_trained(run_dir, 3)
+    assert all(math.isfinite(rec["reward"]) for rec in records)
+    checks.assert_lora_moved(trainer.session.adapter)
     assert (run_dir / "final" / "transformer_lora.safetensors").is_file()
 
 
 def test_shipped_recipe_passes_check_with_the_audio_rewards() -> None:
-    registry = collect_components(
-        build_plugin_manager(
-            load_entry_points=False, extra_plugins=[audio_entry, audio_rewards, surrogates_plugin]
-        )
+    resolved = resolve_recipe(
+        RECIPES / "audio_clap.toml",
+        registry=checks.registry_of(audio_entry, audio_rewards, surrogates_plugin),
     )
-    resolved = resolve_recipe(RECIPES / "audio_clap.toml", registry=registry)
     assert (
         resolved.recipe.adapter.name == "longcat_audio" and not resolved.recipe.train.gradient_checkpointing
     )
@@ -159,35 +138,10 @@ def test_v_grpo_moves_the_held_out_loudness_toward_its_target(model_dir, tmp_pat
     """The tiny VAE's loudness follows the latent scale (about -17 LUFS at 0.25x, -7 at 1x), so a few
     V-GRPO steps toward -20 LUFS must make the held-out clips (same eval seeds) quieter.
     Measured eval reward at 0 -> 4 (run seeds 0/1/2): -13.17 -> -12.48 / -11.41 / -11.35."""
-    registry = collect_components(
-        build_plugin_manager(
-            load_entry_points=False, extra_plugins=[audio_entry, audio_rewards, surrogates_plugin]
-        )
-    )
+    registry = checks.registry_of(audio_entry, audio_rewards, surrogates_plugin)
     overrides = [
-        f'adapter.options.model="{model_dir}"',
-        f"adapter.options.duration_s={SECONDS}",
-        f"adapter.options.max_sequence_length={TOKENS}",
-        'rewards=[{name="loudness", options={target_lufs=-20.0}}]',
-        "run.device=cpu",
-        "run.mixed_precision=no",
-        "run.seed=0",
-        f'run.output_dir="{tmp_path}"',
-        "log.progress=none",
-        "log.save_grids=false",
-        "rollout.group_size=8",
-        "rollout.prompts_per_iteration=1",
-        "rollout.steps=2",
-        "train.iterations=4",
-        "train.micro_batch_size=8",
-        "train.lr=1e-2",
-        "train.lora_rank=4",
-        "eval.every=0",
-        "eval.samples_per_prompt=4",
-        "eval.max_prompts=1",
+        *run_overrides(model_dir, tmp_path, -20.0, "run.seed=0"),
+        *checks.learning_run(4),
     ]
     run_dir = Trainer(resolve_recipe(RECIPES / "audio_clap.toml", overrides, registry=registry)).run()
-    evals = [rec for rec in read_metrics(run_dir / "metrics.jsonl") if rec["kind"] == "eval"]
-    assert [rec["iteration"] for rec in evals] == [0, 4]
-    before, after = evals[0]["reward"], evals[-1]["reward"]
-    assert after > before + 0.3, (before, after)  # in LU; the smallest measured gain was 0.68
+    checks.assert_eval_gain(run_dir, 4, margin=0.3)  # in LU; the smallest measured gain was 0.68

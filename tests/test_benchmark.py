@@ -172,8 +172,8 @@ def test_nfe_per_iteration_counts_the_forwards_a_real_iteration_makes(tmp_path, 
     """Independent count: rows through ``adapter.predict`` during one training iteration."""
     compare = _compare()
     nfe = compare.nfe
-    from vgrpo_platform.recipe import resolve_recipe
-    from vgrpo_platform.train import Trainer
+    from vgrpo_platform.config.recipe import resolve_recipe
+    from vgrpo_platform.training.loop import Trainer
 
     overrides = [
         f"run.output_dir={tmp_path.as_posix()!r}",

@@ -14,10 +14,10 @@ import typer
 from pydantic import Field
 from typer.testing import CliRunner
 
-from vgrpo_platform import cli
+from vgrpo_platform.cli import app as cli
 from vgrpo_platform.errors import RecipeError
 from vgrpo_platform.hookspecs import hookimpl
-from vgrpo_platform.plugins import build_plugin_manager, default_registry
+from vgrpo_platform.host.plugins import build_plugin_manager, default_registry
 from vgrpo_platform.registry import PluginConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -171,7 +171,7 @@ def fake_module(monkeypatch, name, func_name):
 
 
 def test_run_calls_train_run_with_the_resolved_recipe(runner, recipe, monkeypatch):
-    _, calls = fake_module(monkeypatch, "vgrpo_platform.train", "run")
+    _, calls = fake_module(monkeypatch, "vgrpo_platform.training.loop", "run")
     result = invoke(runner, "run", recipe, "--set", "train.lr=1e-5", "--resume")
     assert result.exit_code == 0, result.output
     [(args, kwargs)] = calls
@@ -185,7 +185,7 @@ def test_run_calls_train_run_with_the_resolved_recipe(runner, recipe, monkeypatc
 
 
 def test_run_reports_user_errors_and_interrupts(runner, recipe, monkeypatch):
-    module, _ = fake_module(monkeypatch, "vgrpo_platform.train", "run")
+    module, _ = fake_module(monkeypatch, "vgrpo_platform.training.loop", "run")
 
     def interrupted(resolved, resume):
         raise KeyboardInterrupt
@@ -205,7 +205,7 @@ def test_run_reports_user_errors_and_interrupts(runner, recipe, monkeypatch):
 
 
 def test_sample_calls_sample_to_folder(runner, recipe, monkeypatch, tmp_path):
-    _, calls = fake_module(monkeypatch, "vgrpo_platform.generate", "sample_to_folder")
+    _, calls = fake_module(monkeypatch, "vgrpo_platform.cli.sample", "sample_to_folder")
     out = tmp_path / "out"
     result = invoke(
         runner, "sample", recipe, "--out", out, "--prompt", "a cat", "--prompt", "a dog", "--num", 3
@@ -276,7 +276,7 @@ def test_every_command_has_help(runner):
 
 NO_HEAVY = """
 import sys
-from vgrpo_platform.cli import main
+from vgrpo_platform.cli.app import main
 sys.argv = ["vgrpo", *sys.argv[1:]]
 try:
     main()

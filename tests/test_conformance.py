@@ -14,7 +14,7 @@ import pytest
 import torch
 from pydantic import ConfigDict
 
-from vgrpo_platform.plugins import default_registry
+from vgrpo_platform.host.plugins import default_registry
 from vgrpo_platform.protocols import BuildContext, SamplerSpec, Samples
 from vgrpo_platform.registry import PluginConfig
 from vgrpo_platform.schedules import RectifiedFlowSchedule
@@ -126,7 +126,7 @@ def _served_brightness(folder: Path) -> dict[str, Any]:
     thread for the rest of the session (``vgrpo serve-reward``'s application and server)."""
     import threading
 
-    from vgrpo_platform.reward_server import RewardApp, make_server
+    from vgrpo_platform.cli.reward_server import RewardApp, make_server
 
     server = make_server(
         RewardApp("brightness", REGISTRY.build("reward", "brightness", {}, None)), "127.0.0.1", 0

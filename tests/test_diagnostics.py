@@ -11,16 +11,16 @@ import torch
 from tiny_models import DT
 from tiny_models import LinearVelocityAdapter as TinyAdapter
 
-from vgrpo_platform.diagnostics import (
+from vgrpo_platform.algo.diagnostics import (
     mc_cv,
     measure_surrogate,
     pearson,
     surrogate_diagnostics,
     within_group_cv,
 )
+from vgrpo_platform.algo.surrogates.plugin import NaiveELBOConfig, VGRPOConfig
+from vgrpo_platform.algo.surrogates.vgrpo import VGRPOSurrogate
 from vgrpo_platform.protocols import RolloutBatch
-from vgrpo_platform.surrogates.plugin import NaiveELBOConfig, VGRPOConfig
-from vgrpo_platform.surrogates.vgrpo import VGRPOSurrogate
 
 
 def brute_mc_cv(values: np.ndarray) -> float:

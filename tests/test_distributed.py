@@ -15,11 +15,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from vgrpo_platform.checkpoint import list_checkpoints
-from vgrpo_platform.distributed import RowsOf, Shard, lockstep_rows
+from vgrpo_platform.algo.timesteps import draw_pairs
 from vgrpo_platform.errors import RecipeError
-from vgrpo_platform.metrics import is_timing, read_metrics
-from vgrpo_platform.timesteps import draw_pairs
+from vgrpo_platform.parallel.data_parallel import RowsOf, Shard, lockstep_rows
+from vgrpo_platform.training.checkpoint import list_checkpoints
+from vgrpo_platform.training.metrics import is_timing, read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "recipes" / "toy.toml"
@@ -199,7 +199,7 @@ def test_pairs_drawn_by_a_rank_are_its_rows_of_the_global_draw(scope):
 
 def test_full_state_helpers_pass_plain_tensors_through_unchanged():
     """Without FSDP the checkpoint helpers are the identity (the sharded path runs in the FSDP2 tests)."""
-    from vgrpo_platform import sharding
+    from vgrpo_platform.parallel import sharded_state as sharding
 
     params = {"b": torch.nn.Parameter(torch.randn(3)), "a": torch.nn.Parameter(torch.randn(2, 2))}
     optimizer = torch.optim.AdamW(params.values(), lr=0.1)
@@ -243,7 +243,7 @@ def test_unsupported_launches_stop_with_the_fix(kind, plugin, message):
 
     from accelerate.utils import DistributedType
 
-    from vgrpo_platform.distributed import configure_launch, prepare_for_data_parallel
+    from vgrpo_platform.parallel.data_parallel import configure_launch, prepare_for_data_parallel
 
     accelerator = SimpleNamespace(
         num_processes=2,
@@ -259,7 +259,7 @@ def test_unsupported_launches_stop_with_the_fix(kind, plugin, message):
 
 def test_the_recipe_fills_the_deepspeed_keys_it_owns():
     """Accumulation is vgrpo's (1 for DeepSpeed), clipping is train.grad_clip (None: 0, DeepSpeed's off)."""
-    from vgrpo_platform.distributed import configure_deepspeed
+    from vgrpo_platform.parallel.data_parallel import configure_deepspeed
 
     plugin = _zero(gradient_clipping="auto", train_micro_batch_size_per_gpu="auto")
     configure_deepspeed(plugin, 0.5, micro_batch_size=6)

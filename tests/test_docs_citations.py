@@ -60,7 +60,7 @@ def _bare_citations(path: Path, text: str) -> list[str]:
 
 def test_scan_sees_the_files_that_cite_the_doc():
     names = {_rel(p) for p in FILES}
-    assert {"docs/method.md", "vgrpo_platform/grpo.py", "recipes/sd35_pickscore.toml"} <= names
+    assert {"docs/method.md", "vgrpo_platform/algo/grpo.py", "recipes/sd35_pickscore.toml"} <= names
 
 
 def test_method_doc_is_cited_by_its_in_repo_path():

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from vgrpo_platform.checkpoint import list_checkpoints, load_checkpoint
-from vgrpo_platform.ema import WeightAverage
-from vgrpo_platform.metrics import read_metrics, without_timing
-from vgrpo_platform.recipe import resolve_recipe
-from vgrpo_platform.train import Trainer
+from vgrpo_platform.config.recipe import resolve_recipe
+from vgrpo_platform.training.checkpoint import list_checkpoints, load_checkpoint
+from vgrpo_platform.training.ema import WeightAverage
+from vgrpo_platform.training.loop import Trainer
+from vgrpo_platform.training.metrics import read_metrics, without_timing
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "recipes" / "toy.toml"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from vgrpo_platform.scaffold import package_files
+from vgrpo_platform.cli.scaffold import package_files
 from vgrpo_platform.testing import fresh_venv, pip_install_editable
 
 ROOT = Path(__file__).resolve().parents[1]

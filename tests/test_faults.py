@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from vgrpo_platform.checkpoint import list_checkpoints
+from vgrpo_platform.config.recipe import resolve_recipe
 from vgrpo_platform.errors import RewardError
-from vgrpo_platform.faults import NonFiniteLossError, RolloutOutOfMemory, is_out_of_memory
-from vgrpo_platform.metrics import read_metrics, without_timing
-from vgrpo_platform.recipe import resolve_recipe
-from vgrpo_platform.train import Trainer
+from vgrpo_platform.training.checkpoint import list_checkpoints
+from vgrpo_platform.training.faults import NonFiniteLossError, RolloutOutOfMemory, is_out_of_memory
+from vgrpo_platform.training.loop import Trainer
+from vgrpo_platform.training.metrics import read_metrics, without_timing
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "recipes" / "toy.toml"

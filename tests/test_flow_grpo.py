@@ -13,11 +13,11 @@ from tiny_models import DT
 from tiny_models import LinearVelocityAdapter as TinyAdapter
 from torch.distributions import Independent, Normal, kl_divergence
 
-from vgrpo_platform import sde
+from vgrpo_platform.algo import sde
+from vgrpo_platform.algo.surrogates.flow_grpo import FlowGRPOSurrogate, euler_grid, window_mask, window_start
+from vgrpo_platform.algo.surrogates.plugin import FlowGRPOConfig
 from vgrpo_platform.finetune import enable_full_finetune
 from vgrpo_platform.protocols import RolloutBatch, SamplerSpec
-from vgrpo_platform.surrogates.flow_grpo import FlowGRPOSurrogate, euler_grid, window_mask, window_start
-from vgrpo_platform.surrogates.plugin import FlowGRPOConfig
 
 
 def gaussian_velocity(z: torch.Tensor, t: torch.Tensor, m: float, c: float) -> torch.Tensor:
@@ -212,9 +212,9 @@ def test_mixgrpo_window_moves_and_only_window_steps_are_stochastic_and_trained()
 
 
 def test_flow_grpo_trains_through_the_loop_with_its_own_sde_rollout(tmp_path):
-    from vgrpo_platform.metrics import read_metrics
-    from vgrpo_platform.recipe import resolve_recipe
-    from vgrpo_platform.train import Trainer
+    from vgrpo_platform.config.recipe import resolve_recipe
+    from vgrpo_platform.training.loop import Trainer
+    from vgrpo_platform.training.metrics import read_metrics
 
     toy = Path(__file__).resolve().parents[1] / "recipes" / "toy.toml"
     overrides = [
@@ -258,7 +258,7 @@ def dance_flux_step(z, v, sigma, sigma_next, eta):  # noqa: ANN001, ANN201
 
 
 def test_dance_grpo_step_is_its_flux_step_and_its_rollout_log_probs_are_those_gaussians():
-    from vgrpo_platform.surrogates.plugin import DanceGRPOConfig
+    from vgrpo_platform.algo.surrogates.plugin import DanceGRPOConfig
 
     adapter = TinyAdapter()
     surrogate = FlowGRPOSurrogate(DanceGRPOConfig())
@@ -275,7 +275,7 @@ def test_dance_grpo_step_is_its_flux_step_and_its_rollout_log_probs_are_those_ga
 
 
 def test_dance_grpo_trains_a_random_subset_of_the_steps_but_the_last_per_sample():
-    from vgrpo_platform.surrogates.plugin import DanceGRPOConfig
+    from vgrpo_platform.algo.surrogates.plugin import DanceGRPOConfig
 
     adapter = TinyAdapter()
     steps = 11
@@ -287,7 +287,7 @@ def test_dance_grpo_trains_a_random_subset_of_the_steps_but_the_last_per_sample(
     assert not mask[:, -1].any()  # the last step is never trained
     assert len({tuple(row.tolist()) for row in mask}) > 1  # each sample draws its own subset
     # the subsets are uniform: over many draws every one of the 10 steps is trained 60% of the time
-    from vgrpo_platform.surrogates.flow_grpo import random_step_subset
+    from vgrpo_platform.algo.surrogates.flow_grpo import random_step_subset
 
     candidates = torch.ones(20_000, steps, dtype=torch.bool)
     candidates[:, -1] = False
@@ -298,7 +298,7 @@ def test_dance_grpo_trains_a_random_subset_of_the_steps_but_the_last_per_sample(
 
 
 def test_dance_grpo_gradient_is_the_mean_over_each_samples_own_steps():
-    from vgrpo_platform.surrogates.plugin import DanceGRPOConfig
+    from vgrpo_platform.algo.surrogates.plugin import DanceGRPOConfig
 
     adapter = TinyAdapter()
     surrogate = FlowGRPOSurrogate(DanceGRPOConfig())
@@ -326,7 +326,7 @@ def test_dance_grpo_gradient_is_the_mean_over_each_samples_own_steps():
 
 
 def test_group_shared_initial_noise_copies_each_groups_first_draw_and_leaves_other_draws_alone():
-    from vgrpo_platform.rollout import generate_with_extras, share_within_groups
+    from vgrpo_platform.training.rollout import generate_with_extras, share_within_groups
 
     noise = torch.randn(6, 2, generator=torch.Generator().manual_seed(0))
     shared = share_within_groups(noise, 3)
@@ -373,8 +373,8 @@ def test_group_shared_initial_noise_copies_each_groups_first_draw_and_leaves_oth
 
 
 def test_flow_grpo_fast_branches_once_per_iteration_at_a_uniform_early_step():
-    from vgrpo_platform.surrogates.flow_grpo import random_window_start
-    from vgrpo_platform.surrogates.plugin import FlowGRPOFastConfig
+    from vgrpo_platform.algo.surrogates.flow_grpo import random_window_start
+    from vgrpo_platform.algo.surrogates.plugin import FlowGRPOFastConfig
 
     cfg = FlowGRPOFastConfig()
     assert cfg.window_size == 2 and cfg.kl_beta == 0 and cfg.shared_initial_noise
@@ -415,9 +415,9 @@ def test_flow_grpo_leaves_the_last_step_out_when_asked_and_masks_its_kl_too():
 
 @pytest.mark.parametrize("name", ["dance_grpo", "flow_grpo_fast"])
 def test_the_flow_grpo_presets_train_through_the_loop(tmp_path, name):
-    from vgrpo_platform.metrics import read_metrics
-    from vgrpo_platform.recipe import resolve_recipe
-    from vgrpo_platform.train import Trainer
+    from vgrpo_platform.config.recipe import resolve_recipe
+    from vgrpo_platform.training.loop import Trainer
+    from vgrpo_platform.training.metrics import read_metrics
 
     toy = Path(__file__).resolve().parents[1] / "recipes" / "toy.toml"
     overrides = [

@@ -9,15 +9,14 @@ freshly loaded pipeline with ``load_lora_weights`` (export).
 
 from __future__ import annotations
 
-import importlib
 import math
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
+import adapter_checks as checks
 import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline, Flux2Pipeline
@@ -26,18 +25,15 @@ from diffusers.utils import logging as diffusers_logging
 from tiny_flux2 import DEV_TOKENS, KLEIN_TOKENS, LATENT, build_tiny_flux2, build_tiny_flux2_klein
 from tiny_pipelines import RESOLUTION
 from vgrpo_adapters import flux2 as flux2_entry
-from vgrpo_adapters._diffusers_common import EXPORT_INFO, ModelWeightsError
+from vgrpo_adapters._diffusers_common import ModelWeightsError
 from vgrpo_adapters.flux2 import Flux2AdapterConfig, Flux2KleinAdapterConfig
 from vgrpo_adapters.flux2.impl import Flux2Adapter, Flux2KleinAdapter
 from vgrpo_rewards import toy as toy_rewards
 
-from vgrpo_platform import finetune
-from vgrpo_platform.metrics import read_metrics
-from vgrpo_platform.plugins import build_plugin_manager, collect_components
-from vgrpo_platform.protocols import Adapter, BuildContext, SamplerSpec
-from vgrpo_platform.recipe import resolve_recipe
-from vgrpo_platform.surrogates import plugin as surrogates_plugin
-from vgrpo_platform.train import Trainer
+from vgrpo_platform.algo.surrogates import plugin as surrogates_plugin
+from vgrpo_platform.config.recipe import resolve_recipe
+from vgrpo_platform.protocols import BuildContext, SamplerSpec
+from vgrpo_platform.training.loop import Trainer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 diffusers_logging.disable_progress_bar()
@@ -83,8 +79,7 @@ def klein(klein_dir) -> Flux2KleinAdapter:
     return Flux2KleinAdapter.from_config(klein_config(klein_dir, cfg_scale=3.0), BuildContext())
 
 
-def noise(batch: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return torch.randn(batch, *LATENT, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+noise = partial(checks.seeded_noise, LATENT)
 
 
 @contextmanager
@@ -103,14 +98,11 @@ def transformer_calls(pipe) -> Iterator[list[tuple[dict, torch.Tensor]]]:  # noq
 
 
 def test_both_names_register_with_documented_configs_and_a_torch_free_entry_module(dev_dir) -> None:
-    registry = collect_components(build_plugin_manager(load_entry_points=False, extra_plugins=[flux2_entry]))
-    for name, cfg in (("flux2", Flux2AdapterConfig), ("flux2_klein", Flux2KleinAdapterConfig)):
-        assert registry.get("adapter", name).config is cfg
-        assert all(field.description for field in cfg.model_fields.values())
-    built = registry.build("adapter", "flux2", dev_config(dev_dir).model_dump(), BuildContext())
-    assert isinstance(built, Flux2Adapter) and isinstance(built, Adapter)
-    code = "import vgrpo_adapters.flux2, sys; assert 'torch' not in sys.modules, 'torch imported'"
-    subprocess.run([sys.executable, "-c", code], check=True)
+    checks.assert_registered(flux2_entry, "flux2", dev_config(dev_dir), Flux2Adapter)
+    klein = checks.registry_of(flux2_entry).get("adapter", "flux2_klein").config
+    assert klein is Flux2KleinAdapterConfig and all(
+        field.description for field in klein.model_fields.values()
+    )
     with pytest.raises(ValueError):
         Flux2AdapterConfig(resolution=520)  # not a multiple of 16
     with pytest.raises(ValueError):
@@ -155,27 +147,18 @@ def test_shift_is_the_pipelines_empirical_mu_at_shift_steps(dev, dev_dir) -> Non
 def test_dev_rollout_and_decode_equal_the_pipeline_with_embedded_guidance(dev) -> None:
     z = noise(1, seed=3)
     image = dev.decode(dev.sample(z, dev.encode_prompts(["a red cat"]), SamplerSpec("euler", STEPS))).data
-    reference = dev.pipe(
+    call = dict(
         prompt="a red cat",
         height=RESOLUTION,
         width=RESOLUTION,
         num_inference_steps=STEPS,
-        guidance_scale=4.0,
         max_sequence_length=DEV_TOKENS,
         latents=z,
         output_type="pt",
-    ).images
+    )
+    reference = dev.pipe(**call, guidance_scale=4.0).images
     torch.testing.assert_close(image, reference, atol=1e-5, rtol=1e-5)
-    other = dev.pipe(
-        prompt="a red cat",
-        height=RESOLUTION,
-        width=RESOLUTION,
-        num_inference_steps=STEPS,
-        guidance_scale=1.0,
-        max_sequence_length=DEV_TOKENS,
-        latents=z,
-        output_type="pt",
-    ).images
+    other = dev.pipe(**call, guidance_scale=1.0).images
     assert (other - reference).abs().max() > 1e-3  # the guidance value reaches the transformer
 
 
@@ -315,15 +298,9 @@ def test_lora_export_loads_with_the_pipelines_loader_and_generates_the_same(
         "klein": (Flux2KleinAdapter, klein_dir, klein_config, Flux2KleinPipeline, KLEIN_TOKENS, 1.0),
     }[variant]
     adapter = cls.from_config(cfg(folder), BuildContext())
-    finetune.attach_lora(adapter.denoiser, rank=4, alpha=8, target_modules=adapter.lora_target_modules)
-    with torch.no_grad():  # a "trained" LoRA: B != 0
-        for name, p in adapter.denoiser.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(len(name)))
+    checks.attach_trained_lora(adapter)
     assert any("to_qkv_mlp_proj.lora_A" in n for n, _ in adapter.denoiser.named_parameters())
-    adapter.export_trained(tmp_path / "final")
-    assert (tmp_path / "final" / "pytorch_lora_weights.safetensors").is_file()
-    assert (tmp_path / "final" / EXPORT_INFO).is_file()
+    checks.export_lora(adapter, tmp_path / "final")
     z = noise(1, seed=9)
     image = adapter.decode(
         adapter.sample(z, adapter.encode_prompts(["a red cat"]), SamplerSpec("euler", STEPS))
@@ -348,12 +325,7 @@ def test_lora_export_loads_with_the_pipelines_loader_and_generates_the_same(
 
 def test_full_finetune_export_is_a_transformer_folder(dev_dir, tmp_path) -> None:
     adapter = Flux2Adapter.from_config(dev_config(dev_dir), BuildContext())
-    finetune.enable_full_finetune(adapter.denoiser)
-    with torch.no_grad():
-        adapter.denoiser.proj_out.weight.add_(0.1)
-    adapter.export_trained(tmp_path / "final")
-    reloaded = type(adapter.denoiser).from_pretrained(tmp_path / "final" / "transformer")
-    torch.testing.assert_close(reloaded.proj_out.weight, adapter.denoiser.proj_out.weight)
+    checks.assert_full_export_reloads(adapter, tmp_path / "final")
 
 
 def test_resolution_and_missing_weights_errors(dev_dir, tmp_path) -> None:
@@ -375,28 +347,16 @@ def test_recipe_runs_two_iterations_end_to_end_and_exports_a_loadable_lora(
     the tiny weights substituted by ``--set``-style overrides; the exported LoRA reproduces the trained
     predictions through the pipeline's own loader."""
     folder, tokens = (dev_dir, DEV_TOKENS) if name == "dev" else (klein_dir, KLEIN_TOKENS)
-    registry = collect_components(
-        build_plugin_manager(
-            load_entry_points=False, extra_plugins=[flux2_entry, toy_rewards, surrogates_plugin]
-        )
-    )
+    registry = checks.registry_of(flux2_entry, toy_rewards, surrogates_plugin)
     overrides = [
-        f'adapter.options.model="{folder}"',
-        f"adapter.options.resolution={RESOLUTION}",
-        f"adapter.options.max_sequence_length={tokens}",
-        "adapter.options.shift_steps=2",
-        'rewards.0={name="brightness"}',
-        "run.device=cpu",
-        "run.mixed_precision=no",
-        f'run.output_dir="{tmp_path}"',
-        "log.progress=none",
-        "rollout.group_size=2",
-        "rollout.prompts_per_iteration=2",
-        "rollout.steps=2",
-        "train.iterations=2",
-        "train.micro_batch_size=4",
-        "train.lr=1e-2",
-        "train.lora_rank=4",
+        *checks.brightness_run(
+            folder,
+            tmp_path,
+            f"adapter.options.resolution={RESOLUTION}",
+            f"adapter.options.max_sequence_length={tokens}",
+            "adapter.options.shift_steps=2",
+        ),
+        *checks.two_iterations(steps=2),
         "eval.max_prompts=1",
         "eval.every=0",
         "eval.steps=2",
@@ -405,9 +365,7 @@ def test_recipe_runs_two_iterations_end_to_end_and_exports_a_loadable_lora(
     assert resolved.recipe.rollout.sampler == "euler" and resolved.recipe.train.gradient_checkpointing
     trainer = Trainer(resolved)
     run_dir = trainer.run()
-    records = read_metrics(run_dir / "metrics.jsonl")
-    assert [r["iteration"] for r in records if r["kind"] == "train"] == [1, 2]
-    assert all(math.isfinite(r["loss"]) for r in records if r["kind"] == "train")
+    checks.assert_trained(run_dir, 2)
     adapter = trainer.session.adapter
     assert adapter.denoiser.is_gradient_checkpointing
     cls = type(adapter)
@@ -416,27 +374,13 @@ def test_recipe_runs_two_iterations_end_to_end_and_exports_a_loadable_lora(
     )
     cond = adapter.encode_prompts(PROMPTS[:2])
     z, t = noise(2, seed=10), torch.tensor([0.5, 0.7])
-    with torch.no_grad():
-        trained, base = adapter.predict(z, t, cond), fresh.predict(z, t, cond)
-        fresh.pipe.load_lora_weights(run_dir / "final")
-        loaded = fresh.predict(z, t, cond)
-    assert (trained - base).abs().max() > 1e-3  # training moved the policy
-    torch.testing.assert_close(loaded, trained, atol=1e-5, rtol=1e-5)
+    load = partial(fresh.pipe.load_lora_weights, run_dir / "final")
+    checks.assert_reload_matches(adapter, fresh, load, z, t, cond, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("recipe", ["flux2_pickscore.toml", "flux2_klein_pickscore.toml"])
 def test_shipped_recipes_pass_check_with_the_real_reward_plugin(recipe) -> None:
-    try:
-        pickscore = importlib.import_module("vgrpo_rewards.pickscore")
-    except ImportError:
-        pickscore = None
-    if not hasattr(pickscore, "register_rewards"):
-        pytest.skip("reward plugin pickscore is not written yet")
-    registry = collect_components(
-        build_plugin_manager(
-            load_entry_points=False, extra_plugins=[flux2_entry, surrogates_plugin, pickscore]
-        )
-    )
+    registry = checks.registry_of(flux2_entry, surrogates_plugin, checks.reward_plugin_or_skip("pickscore"))
     resolved = resolve_recipe(RECIPES / recipe, registry=registry)
     r, options = resolved.recipe, resolved.adapter.config
     assert options.shift_steps == r.rollout.steps == 8 and r.rollout.group_size == 16  # Flow-Factory's
@@ -451,20 +395,7 @@ def test_shipped_recipes_pass_check_with_the_real_reward_plugin(recipe) -> None:
 @pytest.mark.gpu
 def test_real_flux2_klein_on_cuda() -> None:
     """FLUX.2-klein-4B (or VGRPO_FLUX2_KLEIN_MODEL) at 512 px: a LoRA rollout and a gradient."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
     model = os.environ.get("VGRPO_FLUX2_KLEIN_MODEL", "black-forest-labs/FLUX.2-klein-4B")
-    try:
-        adapter = Flux2KleinAdapter.from_config(
-            Flux2KleinAdapterConfig(model=model), BuildContext(device="cuda")
-        )
-    except ModelWeightsError as exc:
-        pytest.skip(str(exc))
+    adapter = checks.cuda_adapter_or_skip(Flux2KleinAdapter, Flux2KleinAdapterConfig(model=model))
     assert adapter.latent_shape() == (128, 32, 32)
-    finetune.attach_lora(adapter.denoiser, rank=8, alpha=16, target_modules=adapter.lora_target_modules)
-    cond = adapter.encode_prompts(["a photo of a cat"])
-    z = torch.randn(1, *adapter.latent_shape(), device="cuda")
-    image = adapter.decode(adapter.sample(z, cond, SamplerSpec("euler", 4))).data
-    assert image.shape == (1, 3, 512, 512) and image.std() > 0.05
-    adapter.predict(z, torch.tensor([0.5], device="cuda"), cond).float().square().mean().backward()
-    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in adapter.denoiser.parameters())
+    checks.assert_lora_rollout_and_gradient_on_cuda(adapter, SamplerSpec("euler", 4))

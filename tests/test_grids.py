@@ -6,7 +6,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vgrpo_platform.grids import (
+from vgrpo_platform.protocols import Samples
+from vgrpo_platform.training.grids import (
     RIGHT,
     WRONG,
     GridSpec,
@@ -15,7 +16,6 @@ from vgrpo_platform.grids import (
     save_grid,
     verdict_key,
 )
-from vgrpo_platform.protocols import Samples
 
 
 def _grid(tmp_path, name, n_prompts, group, value, verdicts=None, spec=GridSpec()):

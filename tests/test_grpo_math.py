@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from vgrpo_platform.grpo import compute_advantages, group_normalize, soft_clip, zero_std_fraction
-from vgrpo_platform.surrogates.elbo import clipped_mask, ppo_clip_objective, ppo_clip_terms
+from vgrpo_platform.algo.grpo import compute_advantages, group_normalize, soft_clip, zero_std_fraction
+from vgrpo_platform.algo.surrogates.elbo import clipped_mask, ppo_clip_objective, ppo_clip_terms
 
 
 def brute_normalize(values: list[float], groups: list[int], std: str, eps: float) -> list[float]:

@@ -10,23 +10,20 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 
+import adapter_checks as checks
 import pytest
 import torch
 from diffusers import HunyuanVideo15Pipeline
 from diffusers.utils import logging as diffusers_logging
 from tiny_hunyuan_video import HY_FRAMES, HY_LATENT, HY_SIDE, build_tiny_hunyuan_video15
 from vgrpo_adapters import hunyuan_video as hy_entry
-from vgrpo_adapters._diffusers_common import EXPORT_INFO
 from vgrpo_adapters.hunyuan_video import HunyuanVideo15AdapterConfig
 from vgrpo_adapters.hunyuan_video.impl import HunyuanVideo15Adapter
 
-from vgrpo_platform import finetune
-from vgrpo_platform.plugins import build_plugin_manager, collect_components
-from vgrpo_platform.protocols import Adapter, BuildContext, SamplerSpec
+from vgrpo_platform.protocols import BuildContext, SamplerSpec
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 diffusers_logging.disable_progress_bar()
@@ -39,29 +36,12 @@ def config(model: Path, **options) -> HunyuanVideo15AdapterConfig:
     return HunyuanVideo15AdapterConfig(model=str(model), resolution=HY_SIDE, num_frames=HY_FRAMES, **options)
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return build_tiny_hunyuan_video15(tmp_path_factory.mktemp("hunyuan_video15") / "pipe")
-
-
-@pytest.fixture(scope="module")
-def adapter(model_dir) -> HunyuanVideo15Adapter:
-    return HunyuanVideo15Adapter.from_config(config(model_dir), BuildContext())
-
-
-def noise(batch: int, seed: int = 0) -> torch.Tensor:
-    return torch.randn(batch, *HY_LATENT, generator=torch.Generator().manual_seed(seed))
+TINY_PIPELINE, ADAPTER = build_tiny_hunyuan_video15, HunyuanVideo15Adapter  # the conftest's fixtures
+noise = partial(checks.seeded_noise, HY_LATENT)
 
 
 def test_registered_with_a_documented_config_and_a_torch_free_entry_module(model_dir) -> None:
-    registry = collect_components(build_plugin_manager(load_entry_points=False, extra_plugins=[hy_entry]))
-    spec = registry.get("adapter", "hunyuan_video15")
-    assert spec.config is HunyuanVideo15AdapterConfig
-    assert all(field.description for field in HunyuanVideo15AdapterConfig.model_fields.values())
-    built = registry.build("adapter", "hunyuan_video15", config(model_dir).model_dump(), BuildContext())
-    assert isinstance(built, HunyuanVideo15Adapter) and isinstance(built, Adapter)
-    code = "import vgrpo_adapters.hunyuan_video, sys; assert 'torch' not in sys.modules, 'torch imported'"
-    subprocess.run([sys.executable, "-c", code], check=True)
+    checks.assert_registered(hy_entry, "hunyuan_video15", config(model_dir), HunyuanVideo15Adapter)
     for bad in ({"num_frames": 6}, {"cfg_scale": 0.5}, {"decode_chunk_size": 2}, {"unknown": 1}):
         with pytest.raises(ValueError):
             HunyuanVideo15AdapterConfig(**bad)
@@ -150,38 +130,25 @@ def test_velocity_at_any_point_equals_the_transformer_as_the_pipeline_calls_it(a
 
 def test_lora_export_loads_into_a_fresh_transformer_with_the_same_predictions(model_dir, tmp_path) -> None:
     adapter = HunyuanVideo15Adapter.from_config(config(model_dir, cfg_scale=1.0), BuildContext())
-    finetune.attach_lora(adapter.denoiser, rank=4, alpha=8, target_modules=adapter.lora_target_modules)
-    with torch.no_grad():  # a "trained" LoRA: B != 0
-        for name, p in adapter.denoiser.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(len(name)))
-    adapter.export_trained(tmp_path / "final")
-    assert (tmp_path / "final" / "pytorch_lora_weights.safetensors").is_file()
-    assert "load_lora_adapter" in (tmp_path / "final" / EXPORT_INFO).read_text()
+    checks.attach_trained_lora(adapter)
+    assert "load_lora_adapter" in checks.export_lora(adapter, tmp_path / "final")
     cond = adapter.encode_prompts(PROMPTS)
     z, t = noise(2, seed=6), torch.tensor([0.4, 0.9])
     fresh = HunyuanVideo15Adapter(
         HunyuanVideo15Pipeline.from_pretrained(model_dir), height=HY_SIDE, width=HY_SIDE, num_frames=HY_FRAMES
     )
-    with torch.no_grad():
-        trained, base = adapter.predict(z, t, cond), fresh.predict(z, t, cond)
-        # rank and alpha come from the file's metadata
+
+    def load() -> None:  # rank and alpha come from the file's metadata
         fresh.pipe.transformer.load_lora_adapter(
             tmp_path / "final", prefix="transformer", weight_name="pytorch_lora_weights.safetensors"
         )
-        loaded = fresh.predict(z, t, cond)
-    assert (trained - base).abs().max() > 1e-3
-    torch.testing.assert_close(loaded, trained, atol=1e-6, rtol=1e-5)
+
+    checks.assert_reload_matches(adapter, fresh, load, z, t, cond, atol=1e-6, rtol=1e-5)
 
 
 def test_full_finetune_export_is_a_transformer_folder(model_dir, tmp_path) -> None:
     adapter = HunyuanVideo15Adapter.from_config(config(model_dir), BuildContext())
-    finetune.enable_full_finetune(adapter.denoiser)
-    with torch.no_grad():
-        adapter.denoiser.proj_out.weight.add_(0.1)
-    adapter.export_trained(tmp_path / "final")
-    reloaded = type(adapter.denoiser).from_pretrained(tmp_path / "final" / "transformer")
-    torch.testing.assert_close(reloaded.proj_out.weight, adapter.denoiser.proj_out.weight)
+    checks.assert_full_export_reloads(adapter, tmp_path / "final")
 
 
 @pytest.mark.slow  # 20-60 s on one CPU thread: 1000 text tokens per prompt, CFG in training
@@ -193,8 +160,7 @@ def test_vgrpo_run_of_the_shipped_recipe_with_tiny_weights_completes_two_iterati
     from tiny_clip import save_clip
     from typer.testing import CliRunner
 
-    from vgrpo_platform import cli
-    from vgrpo_platform.metrics import read_metrics
+    from vgrpo_platform.cli import app as cli
 
     clip = save_clip(tmp_path / "pickscore")
     overrides = [
@@ -203,10 +169,7 @@ def test_vgrpo_run_of_the_shipped_recipe_with_tiny_weights_completes_two_iterati
         f"adapter.options.num_frames={HY_FRAMES}",
         "adapter.options.vae_tiling=false",
         f'rewards.0.options.options={{model="{clip}", processor="{clip}"}}',
-        "run.device=cpu",
-        "run.mixed_precision=no",
-        f'run.output_dir="{tmp_path}"',
-        "log.progress=none",
+        *checks.cpu_run(tmp_path),
         "rollout.group_size=2",
         "rollout.prompts_per_iteration=2",
         "rollout.steps=2",
@@ -222,7 +185,5 @@ def test_vgrpo_run_of_the_shipped_recipe_with_tiny_weights_completes_two_iterati
     result = CliRunner().invoke(cli.app, args, env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     run_dir = tmp_path / "hunyuan_video15_pickscore"
-    records = [rec for rec in read_metrics(run_dir / "metrics.jsonl") if rec["kind"] == "train"]
-    assert [rec["iteration"] for rec in records] == [1, 2]
-    assert all(math.isfinite(rec["loss"]) for rec in records)
+    checks.assert_trained(run_dir, 2)
     assert (run_dir / "final" / "pytorch_lora_weights.safetensors").is_file()

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from vgrpo_platform.checkpoint import list_checkpoints
+from vgrpo_platform.config.recipe import resolve_recipe
 from vgrpo_platform.errors import RecipeError
-from vgrpo_platform.metrics import read_metrics
-from vgrpo_platform.monitor import Alarm, check, flagged, require_keys
-from vgrpo_platform.recipe import resolve_recipe
-from vgrpo_platform.train import Trainer
+from vgrpo_platform.training.checkpoint import list_checkpoints
+from vgrpo_platform.training.loop import Trainer
+from vgrpo_platform.training.metrics import read_metrics
+from vgrpo_platform.training.monitor import Alarm, check, flagged, require_keys
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "recipes" / "toy.toml"

@@ -12,13 +12,13 @@ import torch
 from tiny_models import DT
 from tiny_models import LinearVelocityAdapter as TinyAdapter
 
-from vgrpo_platform.metrics import read_metrics
+from vgrpo_platform.algo.surrogates.awm import AWMSurrogate
+from vgrpo_platform.algo.surrogates.nft import DiffusionNFTSurrogate, ema_decay, implicit_policies
+from vgrpo_platform.algo.surrogates.plugin import AWMConfig, DiffusionNFTConfig
+from vgrpo_platform.config.recipe import resolve_recipe
 from vgrpo_platform.protocols import RolloutBatch
-from vgrpo_platform.recipe import resolve_recipe
 from vgrpo_platform.schedules import RectifiedFlowSchedule
-from vgrpo_platform.surrogates.awm import AWMSurrogate
-from vgrpo_platform.surrogates.nft import DiffusionNFTSurrogate, ema_decay, implicit_policies
-from vgrpo_platform.surrogates.plugin import AWMConfig, DiffusionNFTConfig
+from vgrpo_platform.training.metrics import read_metrics
 
 TOY = Path(__file__).resolve().parents[1] / "recipes" / "toy.toml"
 
@@ -170,7 +170,7 @@ def test_awm_on_policy_is_advantage_weighted_flow_matching(space, ratio_mode):
 
 def tiny_toy_run(tmp_path: Path, surrogate: str, *overrides: str) -> tuple[list[dict], object]:
     """Two iterations of the toy recipe, two gradient steps each, through the real loop."""
-    from vgrpo_platform.train import Trainer
+    from vgrpo_platform.training.loop import Trainer
 
     base = [
         f"run.output_dir={tmp_path.as_posix()!r}",
@@ -207,8 +207,8 @@ def test_nft_and_awm_train_through_the_loop_with_ema_updates_and_diagnostics(tmp
 
 
 def test_the_baselines_register_with_documented_options():
-    from vgrpo_platform.surrogates.flow_grpo import FlowGRPOSurrogate
-    from vgrpo_platform.surrogates.plugin import FlowGRPOConfig, register_surrogates
+    from vgrpo_platform.algo.surrogates.flow_grpo import FlowGRPOSurrogate
+    from vgrpo_platform.algo.surrogates.plugin import FlowGRPOConfig, register_surrogates
 
     seen = {}
     register_surrogates(
@@ -235,7 +235,7 @@ def test_the_baselines_register_with_documented_options():
 def test_ghuber_is_awms_written_out_weighting_and_the_grid_is_diffusers_own():
     from diffusers import FlowMatchEulerDiscreteScheduler
 
-    from vgrpo_platform.surrogates.awm import diffusers_flow_grid, ghuber
+    from vgrpo_platform.algo.surrogates.awm import diffusers_flow_grid, ghuber
 
     mse = torch.tensor([0.0, 1e-4, 0.3, 2.0], dtype=DT)
     t = torch.tensor([1.0, 0.7, 0.5, 0.36], dtype=DT)
@@ -255,7 +255,7 @@ def test_ghuber_is_awms_written_out_weighting_and_the_grid_is_diffusers_own():
 
 
 def test_awm_grid_timesteps_follow_the_authors_stratified_discrete_rule():
-    from vgrpo_platform.surrogates.awm import stratified_grid_indices
+    from vgrpo_platform.algo.surrogates.awm import stratified_grid_indices
 
     for low in (0, 1):  # 'discrete' and 'discrete_wo_init' (boundaries from 1)
         idx = stratified_grid_indices(4000, 6, low, 12, torch.Generator().manual_seed(0))
@@ -269,7 +269,7 @@ def test_awm_grid_timesteps_follow_the_authors_stratified_discrete_rule():
             assert torch.all((counts - 1 / (hi - lo)).abs() < 0.03)  # uniform within the stratum
     adapter = TinyAdapter(shift=3.0)
     batch = make_batch([1.0, -1.0, 0.5, -0.5], group_ids=[0, 0, 1, 1])
-    from vgrpo_platform.surrogates.plugin import AWMAuthorsConfig
+    from vgrpo_platform.algo.surrogates.plugin import AWMAuthorsConfig
 
     AWMSurrogate(AWMAuthorsConfig()).prepare(batch, adapter, torch.Generator().manual_seed(1))
     t = batch.extras["t"]
@@ -303,8 +303,8 @@ def authors_loss(adapter, batch, cfg, ref: TinyAdapter, ema: TinyAdapter):  # no
 
 
 def test_awm_authors_gradient_is_the_authors_loss_with_its_ema_and_reference_penalties():
+    from vgrpo_platform.algo.surrogates.plugin import AWMAuthorsConfig
     from vgrpo_platform.finetune import enable_full_finetune
-    from vgrpo_platform.surrogates.plugin import AWMAuthorsConfig
 
     adapter = TinyAdapter(shift=3.0)
     enable_full_finetune(adapter.denoiser)  # the reference = the initial weights

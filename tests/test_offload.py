@@ -16,11 +16,11 @@ import pytest
 import torch
 from torch import nn
 
+from vgrpo_platform.config.schema import TrainSection
 from vgrpo_platform.errors import RewardError
-from vgrpo_platform.offload import modules_of, park
 from vgrpo_platform.protocols import BuildContext, Samples
-from vgrpo_platform.recipe_schema import TrainSection
-from vgrpo_platform.scoring import WeightedReward, score_all
+from vgrpo_platform.training.offload import modules_of, park
+from vgrpo_platform.training.scoring import WeightedReward, score_all
 
 PROMPTS = ["a", "b", "c"]
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from vgrpo_platform import hookspecs
-from vgrpo_platform.recipe import resolve_recipe
-from vgrpo_platform.recipe_schema import Recipe
+from vgrpo_platform.config.recipe import resolve_recipe
+from vgrpo_platform.config.schema import Recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "recipes").glob("*.toml"))
@@ -32,7 +32,7 @@ def test_plugin_folders_install_under_collision_free_names():
 def test_builtins_are_registered_only_through_entry_points():
     eps = importlib.metadata.entry_points(group="vgrpo")
     ours = {ep.value for ep in eps if ep.dist is not None and ep.dist.name == "vgrpo"}
-    assert {"vgrpo_adapters.toy", "vgrpo_rewards.toy", "vgrpo_platform.surrogates.plugin"} <= ours
+    assert {"vgrpo_adapters.toy", "vgrpo_rewards.toy", "vgrpo_platform.algo.surrogates.plugin"} <= ours
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[p.name for p in RECIPES])

@@ -9,10 +9,11 @@ import types
 import pytest
 from pydantic import Field
 
-from vgrpo_platform import hookspecs, plugins
+from vgrpo_platform import hookspecs
 from vgrpo_platform.errors import PluginError, RecipeError
 from vgrpo_platform.hookspecs import hookimpl
-from vgrpo_platform.plugins import (
+from vgrpo_platform.host import plugins
+from vgrpo_platform.host.plugins import (
     ComponentRegistry,
     build_plugin_manager,
     collect_components,
@@ -314,7 +315,7 @@ def test_every_registration_hook_is_collected():
 
 
 def test_builtin_plugins_through_entry_points():
-    needed = ["vgrpo_adapters.toy", "vgrpo_rewards.toy", "vgrpo_platform.surrogates.plugin"]
+    needed = ["vgrpo_adapters.toy", "vgrpo_rewards.toy", "vgrpo_platform.algo.surrogates.plugin"]
     missing = [m for m in needed if importlib.util.find_spec(m) is None]
     assert not missing, f"{missing} not importable: install the project with pip install -e '.[test]'"
     reg = default_registry()

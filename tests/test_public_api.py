@@ -23,6 +23,17 @@ PINNED = {
         "ADAPTER_CHECKS", "REWARD_CHECKS", "ConformanceReport", "check_adapter", "check_component",
         "check_entry_module_cheap", "check_reward", "example_samples", "fresh_venv", "pip_install_editable",
     ],
+    # helpers the built-in plugins import (adapters/, rewards/): a third-party plugin may too
+    "vgrpo_platform.finetune": ["attach_lora", "reference_mode", "uses_lora", "values_swapped_in"],
+    "vgrpo_platform.retrying": ["TransientError", "with_retries"],
+    "vgrpo_platform.media": ["read_audio", "read_video", "write_audio", "write_video"],
+    "vgrpo_platform.reward_wire": [
+        "PROTOCOL", "WireError", "decode_samples", "decode_scores", "encode_request", "encode_samples",
+        "encode_scores",
+    ],
+    # old paths kept as re-exports of their new homes (host.plugins, training.optimizer)
+    "vgrpo_platform.plugins": ["ComponentRegistry", "default_registry"],
+    "vgrpo_platform.lr_schedule": ["lr_factor"],
 }  # fmt: skip
 
 

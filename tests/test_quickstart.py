@@ -11,9 +11,9 @@ from vgrpo_adapters import shapes as shapes_adapter
 from vgrpo_rewards import shapes as shapes_reward
 from vgrpo_rewards.shapes.world import heldout_prompts, train_prompts
 
-from vgrpo_platform.plugins import build_plugin_manager, collect_components
-from vgrpo_platform.recipe import resolve_recipe
-from vgrpo_platform.surrogates import plugin as surrogates
+from vgrpo_platform.algo.surrogates import plugin as surrogates
+from vgrpo_platform.config.recipe import resolve_recipe
+from vgrpo_platform.host.plugins import build_plugin_manager, collect_components
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -45,7 +45,7 @@ def test_recipe_uses_the_worlds_splits_and_evaluates_enough_heldout_prompts() ->
 
 
 def test_short_quickstart_runs_end_to_end(tmp_path: Path) -> None:
-    from vgrpo_platform.train import run
+    from vgrpo_platform.training.loop import run
 
     resolved = resolve(
         "train.iterations=2",
@@ -71,7 +71,7 @@ TUNING_SEEDS = (0, 1, 2)  # the recipe was chosen on these; the README also repo
 @pytest.fixture(scope="module")
 def tuning_seed_gains(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
     """Held-out `correct` gain (last evaluation minus iteration 0) of the full recipe on each tuning seed."""
-    from vgrpo_platform.train import run
+    from vgrpo_platform.training.loop import run
 
     gains = []
     for seed in TUNING_SEEDS:

@@ -9,35 +9,30 @@ chat template leaves), a hand-written CFG combination, and a freshly loaded pipe
 
 from __future__ import annotations
 
-import importlib
 import math
 import os
-import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 
+import adapter_checks as checks
 import numpy as np
 import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
 from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift
 from diffusers.utils import logging as diffusers_logging
-from PIL import Image
 from tiny_pipelines import QWEN_TOKENS, RESOLUTION, build_tiny_qwen_image
 from vgrpo_adapters import qwen_image as qwen_entry
-from vgrpo_adapters._diffusers_common import EXPORT_INFO, ModelWeightsError
+from vgrpo_adapters._diffusers_common import ModelWeightsError
 from vgrpo_adapters.qwen_image import QwenImageAdapterConfig
 from vgrpo_adapters.qwen_image.impl import QwenImageAdapter, trim_text
 from vgrpo_rewards import toy as toy_rewards
 
 from vgrpo_platform import finetune
-from vgrpo_platform.generate import sample_to_folder
-from vgrpo_platform.metrics import read_metrics
-from vgrpo_platform.plugins import build_plugin_manager, collect_components
-from vgrpo_platform.protocols import Adapter, BuildContext, SamplerSpec
-from vgrpo_platform.recipe import resolve_recipe
-from vgrpo_platform.surrogates import plugin as surrogates_plugin
-from vgrpo_platform.train import Trainer
+from vgrpo_platform.algo.surrogates import plugin as surrogates_plugin
+from vgrpo_platform.config.recipe import resolve_recipe
+from vgrpo_platform.protocols import BuildContext, SamplerSpec
+from vgrpo_platform.training.loop import Trainer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 diffusers_logging.disable_progress_bar()
@@ -49,24 +44,19 @@ LATENT = (4, RESOLUTION // 4, RESOLUTION // 4)  # tiny VAE: 4 channels, factor 4
 SUFFIX_TOKENS = 5  # "<|im_end|>", "\n", "<|im_start|>", "assistant", "\n" after the prompt
 
 
+def tiny_options() -> list[str]:
+    """The recipe overrides of ``config``'s size and token count."""
+    return [f"adapter.options.resolution={RESOLUTION}", f"adapter.options.max_sequence_length={TOKENS}"]
+
+
 def config(model: Path, **options) -> QwenImageAdapterConfig:
     return QwenImageAdapterConfig(
         model=str(model), resolution=RESOLUTION, max_sequence_length=TOKENS, **options
     )
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return build_tiny_qwen_image(tmp_path_factory.mktemp("qwen_image") / "pipe")
-
-
-@pytest.fixture(scope="module")
-def adapter(model_dir) -> QwenImageAdapter:
-    return QwenImageAdapter.from_config(config(model_dir), BuildContext())
-
-
-def noise(batch: int, seed: int = 0) -> torch.Tensor:
-    return torch.randn(batch, *LATENT, generator=torch.Generator().manual_seed(seed))
+TINY_PIPELINE, ADAPTER = build_tiny_qwen_image, QwenImageAdapter  # the conftest's fixtures build these
+noise = partial(checks.seeded_noise, LATENT)
 
 
 def without_terminal_stretch(pipe: QwenImagePipeline) -> QwenImagePipeline:
@@ -76,14 +66,7 @@ def without_terminal_stretch(pipe: QwenImagePipeline) -> QwenImagePipeline:
 
 
 def test_registered_with_a_documented_config_and_a_torch_free_entry_module(model_dir) -> None:
-    registry = collect_components(build_plugin_manager(load_entry_points=False, extra_plugins=[qwen_entry]))
-    spec = registry.get("adapter", "qwen_image")
-    assert spec.config is QwenImageAdapterConfig
-    assert all(field.description for field in QwenImageAdapterConfig.model_fields.values())
-    built = registry.build("adapter", "qwen_image", config(model_dir).model_dump(), BuildContext())
-    assert isinstance(built, QwenImageAdapter) and isinstance(built, Adapter)
-    code = "import vgrpo_adapters.qwen_image, sys; assert 'torch' not in sys.modules, 'torch imported'"
-    subprocess.run([sys.executable, "-c", code], check=True)
+    checks.assert_registered(qwen_entry, "qwen_image", config(model_dir), QwenImageAdapter)
     with pytest.raises(ValueError):
         QwenImageAdapterConfig(resolution=520)  # not a multiple of 16
     with pytest.raises(ValueError):
@@ -288,35 +271,19 @@ def test_lora_targets_every_block_linear_but_the_modulation_and_the_last_text_ou
 
 def test_lora_export_loads_into_a_fresh_pipeline_with_the_same_predictions(model_dir, tmp_path) -> None:
     adapter = QwenImageAdapter.from_config(config(model_dir), BuildContext())
-    finetune.attach_lora(adapter.denoiser, rank=4, alpha=8, target_modules=adapter.lora_target_modules)
-    with torch.no_grad():  # a "trained" LoRA: B != 0
-        for name, p in adapter.denoiser.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(len(name)))
-    adapter.export_trained(tmp_path / "final")
-    assert (tmp_path / "final" / "pytorch_lora_weights.safetensors").is_file()
-    assert (tmp_path / "final" / EXPORT_INFO).is_file()
-    cond = adapter.encode_prompts(PROMPTS[:2])
     z, t = noise(2, seed=6), torch.tensor([0.4, 0.9])
-    fresh = QwenImageAdapter(
-        QwenImagePipeline.from_pretrained(model_dir), resolution=RESOLUTION, max_sequence_length=TOKENS
-    )
-    with torch.no_grad():
-        trained, base = adapter.predict(z, t, cond), fresh.predict(z, t, cond)
-        fresh.pipe.load_lora_weights(tmp_path / "final")  # rank and alpha come from the file's metadata
-        loaded = fresh.predict(z, t, cond)
-    assert (trained - base).abs().max() > 1e-3
-    torch.testing.assert_close(loaded, trained, atol=1e-6, rtol=1e-5)
+
+    def fresh() -> QwenImageAdapter:
+        return QwenImageAdapter(
+            QwenImagePipeline.from_pretrained(model_dir), resolution=RESOLUTION, max_sequence_length=TOKENS
+        )
+
+    checks.assert_exported_lora_reloads(adapter, tmp_path / "final", PROMPTS[:2], z, t, fresh)
 
 
 def test_full_finetune_export_is_a_transformer_folder(model_dir, tmp_path) -> None:
     adapter = QwenImageAdapter.from_config(config(model_dir), BuildContext())
-    finetune.enable_full_finetune(adapter.denoiser)
-    with torch.no_grad():
-        adapter.denoiser.proj_out.weight.add_(0.1)
-    adapter.export_trained(tmp_path / "final")
-    reloaded = type(adapter.denoiser).from_pretrained(tmp_path / "final" / "transformer")
-    torch.testing.assert_close(reloaded.proj_out.weight, adapter.denoiser.proj_out.weight)
+    checks.assert_full_export_reloads(adapter, tmp_path / "final")
 
 
 def test_resolution_and_missing_weights_errors(model_dir, tmp_path) -> None:
@@ -334,27 +301,10 @@ def test_recipe_runs_two_iterations_end_to_end_and_exports_a_loadable_lora(model
     """The shipped recipe (true CFG 4 in rollouts and training, LoRA, gradient checkpointing) with the
     tiny weights substituted by ``--set``-style overrides; the exported LoRA reproduces the trained guided
     predictions and ``vgrpo sample --checkpoint`` generates with it."""
-    registry = collect_components(
-        build_plugin_manager(
-            load_entry_points=False, extra_plugins=[qwen_entry, toy_rewards, surrogates_plugin]
-        )
-    )
+    registry = checks.registry_of(qwen_entry, toy_rewards, surrogates_plugin)
     overrides = [
-        f'adapter.options.model="{model_dir}"',
-        f"adapter.options.resolution={RESOLUTION}",
-        f"adapter.options.max_sequence_length={TOKENS}",
-        'rewards.0={name="brightness"}',
-        "run.device=cpu",
-        "run.mixed_precision=no",
-        f'run.output_dir="{tmp_path}"',
-        "log.progress=none",
-        "rollout.group_size=2",
-        "rollout.prompts_per_iteration=2",
-        "rollout.steps=3",
-        "train.iterations=2",
-        "train.micro_batch_size=4",
-        "train.lr=1e-2",
-        "train.lora_rank=4",
+        *checks.brightness_run(model_dir, tmp_path, *tiny_options()),
+        *checks.two_iterations(),
         "train.warmup_steps=0",
         "eval.max_prompts=1",
         "eval.every=0",
@@ -370,9 +320,7 @@ def test_recipe_runs_two_iterations_end_to_end_and_exports_a_loadable_lora(model
     assert r.train.gradient_checkpointing
     trainer = Trainer(resolved)
     run_dir = trainer.run()
-    records = read_metrics(run_dir / "metrics.jsonl")
-    assert [rec["iteration"] for rec in records if rec["kind"] == "train"] == [1, 2]
-    assert all(math.isfinite(rec["loss"]) for rec in records if rec["kind"] == "train")
+    checks.assert_trained(run_dir, 2)
     adapter = trainer.session.adapter
     assert adapter.denoiser.is_gradient_checkpointing
     cond = adapter.encode_prompts(PROMPTS[:2])
@@ -380,38 +328,15 @@ def test_recipe_runs_two_iterations_end_to_end_and_exports_a_loadable_lora(model
     fresh = QwenImageAdapter(
         QwenImagePipeline.from_pretrained(model_dir), **QwenImageAdapter.options_from_config(options)
     )
-    with torch.no_grad():
-        trained, base = adapter.predict(z, t, cond), fresh.predict(z, t, cond)  # both guided (cfg 4)
-        fresh.pipe.load_lora_weights(run_dir / "final")
-        loaded = fresh.predict(z, t, cond)
-    assert (trained - base).abs().max() > 1e-3  # training moved the policy
-    torch.testing.assert_close(loaded, trained, atol=1e-5, rtol=1e-5)
-    # `vgrpo sample --checkpoint RUN_DIR` generates with the trained weights: same noise, same images
-    files = sample_to_folder(
-        resolved, out_dir=tmp_path / "samples", checkpoint=run_dir, prompts=["a red cat"]
+    load = partial(fresh.pipe.load_lora_weights, run_dir / "final")  # both predictions guided (cfg 4)
+    checks.assert_reload_matches(adapter, fresh, load, z, t, cond, atol=1e-5, rtol=1e-5)
+    checks.assert_checkpoint_samples(
+        resolved, adapter, run_dir, tmp_path / "samples", LATENT, SamplerSpec("euler", 3)
     )
-    expected_noise = torch.randn(1, *LATENT, generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        latents = adapter.sample(
-            expected_noise, adapter.encode_prompts(["a red cat"]), SamplerSpec("euler", 3)
-        )
-    expected = (adapter.decode(latents).data[0] * 255).round().permute(1, 2, 0)
-    written = torch.from_numpy(np.array(Image.open(files[0]))).float()
-    assert (written - expected).abs().max() <= 1
 
 
 def test_shipped_recipe_passes_check_with_the_real_reward_plugin() -> None:
-    try:
-        pickscore = importlib.import_module("vgrpo_rewards.pickscore")
-    except ImportError:
-        pickscore = None
-    if not hasattr(pickscore, "register_rewards"):
-        pytest.skip("reward plugin pickscore is not written yet")
-    registry = collect_components(
-        build_plugin_manager(
-            load_entry_points=False, extra_plugins=[qwen_entry, surrogates_plugin, pickscore]
-        )
-    )
+    registry = checks.registry_of(qwen_entry, surrogates_plugin, checks.reward_plugin_or_skip("pickscore"))
     resolved = resolve_recipe(RECIPE, registry=registry)
     r, options = resolved.recipe, resolved.adapter.config
     # Flow-GRPO's pickscore_qwenimage: 512 px, 10 steps, true CFG 4, 16 images per prompt, LoRA r64 / a128
@@ -431,22 +356,10 @@ def test_shipped_recipe_passes_check_with_the_real_reward_plugin() -> None:
 def test_real_qwen_image_on_cuda() -> None:
     """Qwen-Image (or VGRPO_QWEN_IMAGE_MODEL) at 512 px: a guided LoRA rollout and a gradient on the
     real model."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
     model = os.environ.get("VGRPO_QWEN_IMAGE_MODEL", "Qwen/Qwen-Image")
-    try:
-        adapter = QwenImageAdapter.from_config(
-            QwenImageAdapterConfig(model=model, cfg_scale=4.0, offload_text_encoders=True),
-            BuildContext(device="cuda"),
-        )
-    except ModelWeightsError as exc:
-        pytest.skip(str(exc))
+    adapter = checks.cuda_adapter_or_skip(
+        QwenImageAdapter, QwenImageAdapterConfig(model=model, cfg_scale=4.0, offload_text_encoders=True)
+    )
     assert adapter.latent_shape() == (16, 64, 64)
     assert adapter.schedule.shift == pytest.approx(1.7138, abs=1e-3)
-    finetune.attach_lora(adapter.denoiser, rank=8, alpha=16, target_modules=adapter.lora_target_modules)
-    cond = adapter.encode_prompts(["a photo of a cat"])
-    z = torch.randn(1, *adapter.latent_shape(), device="cuda")
-    image = adapter.decode(adapter.sample(z, cond, SamplerSpec("euler", 10))).data
-    assert image.shape == (1, 3, 512, 512) and image.std() > 0.05
-    adapter.predict(z, torch.tensor([0.5], device="cuda"), cond).float().square().mean().backward()
-    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in adapter.denoiser.parameters())
+    checks.assert_lora_rollout_and_gradient_on_cuda(adapter, SamplerSpec("euler", 10))

@@ -11,10 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import Field
 
-from vgrpo_platform.errors import RecipeError
-from vgrpo_platform.hookspecs import hookimpl
-from vgrpo_platform.plugins import build_plugin_manager, collect_components
-from vgrpo_platform.recipe import (
+from vgrpo_platform.config.recipe import (
     RESOLVED_JSON,
     apply_overrides,
     load_prompts,
@@ -25,7 +22,10 @@ from vgrpo_platform.recipe import (
     save_resolved,
     validate_components,
 )
-from vgrpo_platform.recipe_schema import PromptsSection, Recipe, TrainSection
+from vgrpo_platform.config.schema import PromptsSection, Recipe, TrainSection
+from vgrpo_platform.errors import RecipeError
+from vgrpo_platform.hookspecs import hookimpl
+from vgrpo_platform.host.plugins import build_plugin_manager, collect_components
 from vgrpo_platform.registry import PluginConfig
 
 GOOD = """

@@ -32,8 +32,8 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from typer.testing import CliRunner
 
-from vgrpo_platform import cli
-from vgrpo_platform.recipe_schema import Recipe
+from vgrpo_platform.cli import app as cli
+from vgrpo_platform.config.schema import Recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "recipes" / "toy.toml"

@@ -29,12 +29,12 @@ from werkzeug.serving import make_server
 from werkzeug.wrappers import Request, Response
 
 from vgrpo_platform import reward_wire as wire
+from vgrpo_platform.cli.reward_server import RewardApp
 from vgrpo_platform.errors import RewardError
-from vgrpo_platform.metrics import without_timing
-from vgrpo_platform.plugins import default_registry
+from vgrpo_platform.host.plugins import default_registry
 from vgrpo_platform.protocols import Samples
-from vgrpo_platform.reward_server import RewardApp
-from vgrpo_platform.scoring import WeightedReward, score_all
+from vgrpo_platform.training.metrics import without_timing
+from vgrpo_platform.training.scoring import WeightedReward, score_all
 
 HOST = "127.0.0.1"
 
@@ -255,7 +255,7 @@ def test_a_server_of_another_reward_is_refused(batch):
 
 
 def test_a_body_over_the_limit_is_refused_with_the_batch_size_hint(batch, monkeypatch):
-    from vgrpo_platform import reward_server
+    from vgrpo_platform.cli import reward_server
 
     monkeypatch.setattr(reward_server, "MAX_BODY", 1000)
     with serving(RewardApp("shapes", build_shapes(ShapesConfig(), None))) as url:
@@ -304,7 +304,7 @@ def serve_reward_process(name: str, *options: str) -> Iterator[tuple[subprocess.
 
 def kill_before_iteration(monkeypatch, iteration: int, proc: subprocess.Popen) -> None:  # noqa: ANN001
     """The server dies between iterations ``iteration - 1`` and ``iteration`` of every Trainer."""
-    from vgrpo_platform.train import Trainer
+    from vgrpo_platform.training.loop import Trainer
 
     original_iterate = Trainer.iterate
 
@@ -323,10 +323,10 @@ def test_training_scores_remotely_then_skips_and_stops_once_the_server_is_killed
     server runs only that evaluation."""
     import json
 
-    from vgrpo_platform.checkpoint import list_checkpoints
-    from vgrpo_platform.metrics import read_metrics
-    from vgrpo_platform.recipe import resolve_recipe
-    from vgrpo_platform.train import Trainer
+    from vgrpo_platform.config.recipe import resolve_recipe
+    from vgrpo_platform.training.checkpoint import list_checkpoints
+    from vgrpo_platform.training.loop import Trainer
+    from vgrpo_platform.training.metrics import read_metrics
 
     toy = os.path.join(os.path.dirname(__file__), "..", "recipes", "toy.toml")
     base = [
@@ -416,7 +416,7 @@ def comparable(records: list[dict]) -> list[dict]:
 
 def vgrpo(monkeypatch, *argv: str) -> int:  # noqa: ANN001
     """``vgrpo ARGV`` through the console entry point, in this process; returns its exit code."""
-    from vgrpo_platform import cli
+    from vgrpo_platform.cli import app as cli
 
     monkeypatch.setattr(sys, "argv", ["vgrpo", *argv])
     try:
@@ -433,10 +433,10 @@ def test_quickstart_through_serve_reward_equals_in_process_and_a_killed_server_r
     ``vgrpo serve-reward shapes`` gives exactly the in-process run's metrics; the server killed after
     iteration 1 ends ``vgrpo run`` with one error line and the checkpoint of iteration 1, and
     ``--resume`` against a restarted server ends with the uninterrupted run's metrics."""
-    from vgrpo_platform.checkpoint import list_checkpoints
-    from vgrpo_platform.metrics import read_metrics
-    from vgrpo_platform.recipe import resolve_recipe
-    from vgrpo_platform.train import Trainer
+    from vgrpo_platform.config.recipe import resolve_recipe
+    from vgrpo_platform.training.checkpoint import list_checkpoints
+    from vgrpo_platform.training.loop import Trainer
+    from vgrpo_platform.training.metrics import read_metrics
 
     out = f"run.output_dir={tmp_path.as_posix()!r}"
     local = Trainer(resolve_recipe(QUICKSTART, [*QUICK, out, "run.name='local'"])).run()

@@ -14,8 +14,8 @@ import pytest
 from PIL import Image
 from typer.testing import CliRunner
 
-from vgrpo_platform import cli
-from vgrpo_platform.report import (
+from vgrpo_platform.cli import app as cli
+from vgrpo_platform.cli.report import (
     ReportError,
     eval_table,
     monitor_keys,
@@ -222,7 +222,7 @@ def test_missing_matplotlib_is_a_clear_error(tmp_path, monkeypatch):
 
 def test_report_module_does_not_import_torch_or_pyplot():
     code = (
-        "import sys, vgrpo_platform.report; "
+        "import sys, vgrpo_platform.cli.report; "
         "assert not {'torch', 'matplotlib', 'matplotlib.pyplot'} & set(sys.modules), sorted(sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from vgrpo_platform.cli import app
-from vgrpo_platform.scaffold import ScaffoldError, names_for, package_files, render, scaffold
+from vgrpo_platform.cli.app import app
+from vgrpo_platform.cli.scaffold import ScaffoldError, names_for, package_files, render, scaffold
 from vgrpo_platform.testing import check_adapter, check_reward, fresh_venv, pip_install_editable
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +34,7 @@ def test_template_rendered_with_the_examples_names_is_the_example(kind):
     for rel, text in example.items():
         assert rendered[rel] == text, (
             f"templates/{kind} and examples/{dist}/{rel} differ; after editing the example run "
-            f"vgrpo_platform.scaffold.write_templates({kind!r}, 'examples/{dist}', names_for(...))"
+            f"vgrpo_platform.cli.scaffold.write_templates({kind!r}, 'examples/{dist}', names_for(...))"
         )
 
 

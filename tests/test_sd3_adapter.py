@@ -6,13 +6,11 @@ true CFG), a hand-written CFG combination, and a fresh pipeline with ``load_lora
 
 from __future__ import annotations
 
-import importlib
-import math
 import os
-import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 
+import adapter_checks as checks
 import numpy as np
 import pytest
 import torch
@@ -25,13 +23,10 @@ from vgrpo_adapters.sd3 import SD3AdapterConfig
 from vgrpo_adapters.sd3.impl import SD3Adapter
 from vgrpo_rewards import toy as toy_rewards
 
-from vgrpo_platform import finetune
-from vgrpo_platform.metrics import read_metrics
-from vgrpo_platform.plugins import build_plugin_manager, collect_components
-from vgrpo_platform.protocols import Adapter, BuildContext, SamplerSpec
-from vgrpo_platform.recipe import resolve_recipe
-from vgrpo_platform.surrogates import plugin as surrogates_plugin
-from vgrpo_platform.train import Trainer
+from vgrpo_platform.algo.surrogates import plugin as surrogates_plugin
+from vgrpo_platform.config.recipe import resolve_recipe
+from vgrpo_platform.protocols import BuildContext, SamplerSpec
+from vgrpo_platform.training.loop import Trainer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 diffusers_logging.disable_progress_bar()
@@ -42,32 +37,21 @@ PROMPTS = ["a red cat", "a blue dog", "a red cat"]
 LATENT = (4, RESOLUTION // 2, RESOLUTION // 2)
 
 
+def tiny_options() -> list[str]:
+    """The recipe overrides of ``config``'s size and token count."""
+    return [f"adapter.options.resolution={RESOLUTION}", f"adapter.options.max_sequence_length={TOKENS}"]
+
+
 def config(model: Path, **options) -> SD3AdapterConfig:
     return SD3AdapterConfig(model=str(model), resolution=RESOLUTION, max_sequence_length=TOKENS, **options)
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return build_tiny_sd3(tmp_path_factory.mktemp("sd3") / "pipe")
-
-
-@pytest.fixture(scope="module")
-def adapter(model_dir) -> SD3Adapter:
-    return SD3Adapter.from_config(config(model_dir), BuildContext())
-
-
-def noise(batch: int, seed: int = 0) -> torch.Tensor:
-    return torch.randn(batch, *LATENT, generator=torch.Generator().manual_seed(seed))
+TINY_PIPELINE, ADAPTER = build_tiny_sd3, SD3Adapter  # the conftest's model_dir and adapter fixtures
+noise = partial(checks.seeded_noise, LATENT)
 
 
 def test_registered_with_a_documented_config_and_a_torch_free_entry_module(model_dir) -> None:
-    registry = collect_components(build_plugin_manager(load_entry_points=False, extra_plugins=[sd3_entry]))
-    assert registry.get("adapter", "sd3").config is SD3AdapterConfig
-    assert all(field.description for field in SD3AdapterConfig.model_fields.values())
-    built = registry.build("adapter", "sd3", config(model_dir).model_dump(), BuildContext())
-    assert isinstance(built, SD3Adapter) and isinstance(built, Adapter)
-    code = "import vgrpo_adapters.sd3, sys; assert 'torch' not in sys.modules, 'torch imported'"
-    subprocess.run([sys.executable, "-c", code], check=True)
+    checks.assert_registered(sd3_entry, "sd3", config(model_dir), SD3Adapter)
     with pytest.raises(ValueError):
         SD3AdapterConfig(cfg_scale=0.5)
 
@@ -147,23 +131,17 @@ def test_resolution_is_checked_against_vae_patch_and_position_table(model_dir) -
 
 def test_lora_export_loads_into_a_fresh_pipeline_with_the_same_predictions(model_dir, tmp_path) -> None:
     adapter = SD3Adapter.from_config(config(model_dir), BuildContext())
-    finetune.attach_lora(adapter.denoiser, rank=4, alpha=2, target_modules=adapter.lora_target_modules)
-    with torch.no_grad():
-        for name, p in adapter.denoiser.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.2, generator=torch.Generator().manual_seed(len(name)))
+    checks.attach_trained_lora(adapter, rank=4, alpha=2, std=0.2)
     adapter.export_trained(tmp_path / "final")
     cond = adapter.encode_prompts(PROMPTS[:2])
     z, t = noise(2, seed=4), torch.tensor([0.2, 0.6])
     fresh = SD3Adapter(
         StableDiffusion3Pipeline.from_pretrained(model_dir), resolution=RESOLUTION, max_sequence_length=TOKENS
     )
-    with torch.no_grad():
-        trained, base = adapter.predict(z, t, cond), fresh.predict(z, t, cond)
-        fresh.pipe.load_lora_weights(tmp_path / "final")
-        loaded = fresh.predict(z, t, cond)
-    assert (trained - base).abs().max() > 1e-3
-    torch.testing.assert_close(loaded, trained, atol=1e-6, rtol=1e-5)  # alpha / rank = 0.5 kept
+    load = partial(fresh.pipe.load_lora_weights, tmp_path / "final")
+    checks.assert_reload_matches(
+        adapter, fresh, load, z, t, cond, atol=1e-6, rtol=1e-5
+    )  # alpha / rank = 0.5 kept
 
 
 def test_missing_weights_name_the_model_and_the_fix() -> None:
@@ -172,29 +150,16 @@ def test_missing_weights_name_the_model_and_the_fix() -> None:
 
 
 def test_recipe_runs_two_iterations_end_to_end_and_exports_a_loadable_lora(model_dir, tmp_path) -> None:
-    registry = collect_components(
-        build_plugin_manager(
-            load_entry_points=False, extra_plugins=[sd3_entry, toy_rewards, surrogates_plugin]
-        )
-    )
+    registry = checks.registry_of(sd3_entry, toy_rewards, surrogates_plugin)
     overrides = [
-        f'adapter.options.model="{model_dir}"',
-        f"adapter.options.resolution={RESOLUTION}",
-        f"adapter.options.max_sequence_length={TOKENS}",
-        "adapter.options.cfg_scale=2.0",
-        "adapter.options.cfg_in_training=true",
-        'rewards.0={name="brightness"}',
-        "run.device=cpu",
-        "run.mixed_precision=no",
-        f'run.output_dir="{tmp_path}"',
-        "log.progress=none",
-        "rollout.group_size=3",
-        "rollout.prompts_per_iteration=2",
-        "rollout.steps=3",
-        "train.iterations=2",
-        "train.micro_batch_size=3",
-        "train.lr=1e-2",
-        "train.lora_rank=4",
+        *checks.brightness_run(
+            model_dir,
+            tmp_path,
+            *tiny_options(),
+            "adapter.options.cfg_scale=2.0",
+            "adapter.options.cfg_in_training=true",
+        ),
+        *checks.two_iterations(group_size=3, micro_batch_size=3),
         "eval.max_prompts=1",
         "eval.every=0",
     ]
@@ -204,9 +169,8 @@ def test_recipe_runs_two_iterations_end_to_end_and_exports_a_loadable_lora(model
     assert r.grpo.soft_clip_eta == 3.0 and r.train.gradient_steps_per_iteration == 1 and r.train.lr == 1e-2
     trainer = Trainer(resolved)
     run_dir = trainer.run()
-    records = [rec for rec in read_metrics(run_dir / "metrics.jsonl") if rec["kind"] == "train"]
-    assert [rec["iteration"] for rec in records] == [1, 2]
-    assert all(math.isfinite(rec["loss"]) and rec["gradient_steps"] == 1 for rec in records)
+    records = checks.assert_trained(run_dir, 2)
+    assert all(rec["gradient_steps"] == 1 for rec in records)
     adapter = trainer.session.adapter
     cond = adapter.encode_prompts(PROMPTS[:2])
     z, t = noise(2, seed=5), torch.tensor([0.5, 0.8])
@@ -226,18 +190,8 @@ def test_recipe_runs_two_iterations_end_to_end_and_exports_a_loadable_lora(model
 
 @pytest.mark.parametrize("recipe", ["sd35_pickscore.toml", "sd35_multireward.toml"])
 def test_shipped_recipes_pass_check_with_the_real_reward_plugins(recipe) -> None:
-    modules = []
-    for name in ("pickscore", "hpsv2", "clipscore"):
-        try:
-            module = importlib.import_module(f"vgrpo_rewards.{name}")
-        except ImportError:
-            module = None
-        if not hasattr(module, "register_rewards"):
-            pytest.skip(f"reward plugin {name} is not written yet")
-        modules.append(module)
-    registry = collect_components(
-        build_plugin_manager(load_entry_points=False, extra_plugins=[sd3_entry, surrogates_plugin, *modules])
-    )
+    modules = [checks.reward_plugin_or_skip(name) for name in ("pickscore", "hpsv2", "clipscore")]
+    registry = checks.registry_of(sd3_entry, surrogates_plugin, *modules)
     resolved = resolve_recipe(RECIPES / recipe, registry=registry)
     assert resolved.recipe.adapter.name == "sd3" and len(resolved.train_prompts) >= 32
     assert resolved.adapter.config.cfg_scale == 1.0 and resolved.recipe.train.lora_rank == 32
@@ -246,20 +200,7 @@ def test_shipped_recipes_pass_check_with_the_real_reward_plugins(recipe) -> None
 @pytest.mark.gpu
 def test_real_sd35_medium_on_cuda() -> None:
     """SD3.5-M (or VGRPO_SD3_MODEL) at 512 px: a rollout with CFG and a LoRA gradient on the real model."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
     model = os.environ.get("VGRPO_SD3_MODEL", "stabilityai/stable-diffusion-3.5-medium")
-    try:
-        adapter = SD3Adapter.from_config(
-            SD3AdapterConfig(model=model, cfg_scale=4.5), BuildContext(device="cuda")
-        )
-    except ModelWeightsError as exc:
-        pytest.skip(str(exc))
+    adapter = checks.cuda_adapter_or_skip(SD3Adapter, SD3AdapterConfig(model=model, cfg_scale=4.5))
     assert adapter.latent_shape() == (16, 64, 64) and adapter.schedule.shift == 3.0
-    finetune.attach_lora(adapter.denoiser, rank=8, alpha=16, target_modules=adapter.lora_target_modules)
-    cond = adapter.encode_prompts(["a photo of a cat"])
-    z = torch.randn(1, *adapter.latent_shape(), device="cuda")
-    image = adapter.decode(adapter.sample(z, cond, SamplerSpec("euler", 10))).data
-    assert image.shape == (1, 3, 512, 512) and image.std() > 0.05
-    adapter.predict(z, torch.tensor([0.5], device="cuda"), cond).float().square().mean().backward()
-    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in adapter.denoiser.parameters())
+    checks.assert_lora_rollout_and_gradient_on_cuda(adapter, SamplerSpec("euler", 10))

@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
+from vgrpo_platform.algo.surrogates.vgrpo import VGRPOSurrogate
+from vgrpo_platform.config.recipe import resolve_recipe
 from vgrpo_platform.errors import PluginError
 from vgrpo_platform.hookspecs import hookimpl
-from vgrpo_platform.plugins import build_plugin_manager, collect_components
+from vgrpo_platform.host.plugins import build_plugin_manager, collect_components
 from vgrpo_platform.protocols import SurrogateBase
-from vgrpo_platform.recipe import resolve_recipe
 from vgrpo_platform.registry import PluginConfig
-from vgrpo_platform.surrogates.vgrpo import VGRPOSurrogate
-from vgrpo_platform.train import Trainer
+from vgrpo_platform.training.loop import Trainer
 
 TOY = Path(__file__).resolve().parents[1] / "recipes" / "toy.toml"
 CALLS: list[tuple[str, Any]] = []

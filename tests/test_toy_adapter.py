@@ -13,7 +13,7 @@ from vgrpo_adapters.toy import ToyAdapterConfig
 from vgrpo_adapters.toy.build import BUILD_FILE, build_toy_model
 from vgrpo_adapters.toy.impl import ToyAdapter
 
-from vgrpo_platform.plugins import build_plugin_manager, collect_components
+from vgrpo_platform.host.plugins import build_plugin_manager, collect_components
 from vgrpo_platform.protocols import Adapter, BuildContext, SamplerSpec
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -11,7 +11,7 @@ import torch
 from vgrpo_rewards import toy as toy_entry
 from vgrpo_rewards.toy import BrightnessConfig, TargetColorConfig
 
-from vgrpo_platform.plugins import build_plugin_manager, collect_components
+from vgrpo_platform.host.plugins import build_plugin_manager, collect_components
 from vgrpo_platform.protocols import BuildContext, Reward, Samples
 
 

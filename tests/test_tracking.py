@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from vgrpo_platform import tracking, train
-from vgrpo_platform.checkpoint import list_checkpoints
+from vgrpo_platform.config.recipe import resolve_recipe
 from vgrpo_platform.errors import TrackerError
-from vgrpo_platform.metrics import read_metrics
-from vgrpo_platform.recipe import resolve_recipe
-from vgrpo_platform.tracking import flatten, metrics_of
-from vgrpo_platform.train import Trainer
+from vgrpo_platform.training import loop as train
+from vgrpo_platform.training import tracking
+from vgrpo_platform.training.checkpoint import list_checkpoints
+from vgrpo_platform.training.loop import Trainer
+from vgrpo_platform.training.metrics import read_metrics
+from vgrpo_platform.training.tracking import flatten, metrics_of
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "recipes" / "toy.toml"
@@ -122,7 +123,7 @@ def test_wandb_offline_writes_its_run_and_a_resume_continues_the_same_run(tmp_pa
 def test_the_cli_prints_the_install_command_on_one_line(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from vgrpo_platform import cli
+    from vgrpo_platform.cli import app as cli
 
     monkeypatch.setattr(tracking, "installed", lambda name: False)
     monkeypatch.delenv("VGRPO_DEBUG", raising=False)
@@ -149,7 +150,7 @@ def test_audio_evaluations_log_a_clip_of_each_first_prompt(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from vgrpo_platform.protocols import Samples
-    from vgrpo_platform.tracking import Tracking
+    from vgrpo_platform.training.tracking import Tracking
 
     accelerator = Accelerator(cpu=True, **Tracking.accelerator_kwargs(["tensorboard"], tmp_path))
     logged = Tracking(accelerator, ["tensorboard"], "audio", tmp_path)

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from vgrpo_platform.checkpoint import list_checkpoints
+from vgrpo_platform.config.recipe import resolve_recipe
 from vgrpo_platform.errors import CheckpointError, RecipeError
-from vgrpo_platform.metrics import read_metrics, without_timing
-from vgrpo_platform.recipe import resolve_recipe
-from vgrpo_platform.train import Trainer
+from vgrpo_platform.training.checkpoint import list_checkpoints
+from vgrpo_platform.training.loop import Trainer
+from vgrpo_platform.training.metrics import read_metrics, without_timing
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "recipes" / "toy.toml"
@@ -257,7 +257,7 @@ def test_cli_run_interrupted_then_resumed_matches_uninterrupted(tmp_path):
 
 
 def test_sample_writes_images_from_a_trained_run(tmp_path):
-    from vgrpo_platform.generate import sample_to_folder
+    from vgrpo_platform.cli.sample import sample_to_folder
 
     resolved = toy(tmp_path, "samp", "train.iterations=1", "eval.every=0")
     Trainer(resolved).run()

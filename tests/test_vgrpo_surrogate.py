@@ -13,11 +13,11 @@ import torch
 from tiny_models import DT
 from tiny_models import LinearVelocityAdapter as TinyAdapter
 
+from vgrpo_platform.algo.surrogates.elbo import pair_loss
+from vgrpo_platform.algo.surrogates.plugin import NaiveELBOConfig, VGRPOConfig, register_surrogates
+from vgrpo_platform.algo.surrogates.vgrpo import VGRPOSurrogate
 from vgrpo_platform.protocols import RolloutBatch, Surrogate
 from vgrpo_platform.schedules import RectifiedFlowSchedule
-from vgrpo_platform.surrogates.elbo import pair_loss
-from vgrpo_platform.surrogates.plugin import NaiveELBOConfig, VGRPOConfig, register_surrogates
-from vgrpo_platform.surrogates.vgrpo import VGRPOSurrogate
 
 
 def make_batch(adapter: TinyAdapter, group_ids: list[int], seed: int = 0) -> RolloutBatch:
@@ -383,14 +383,17 @@ def test_plugin_registers_both_surrogates_with_their_defaults() -> None:
 
 
 def test_plugin_module_does_not_import_torch() -> None:
-    code = "import sys, vgrpo_platform.surrogates.plugin; assert 'torch' not in sys.modules, 'torch imported'"
+    code = (
+        "import sys, vgrpo_platform.algo.surrogates.plugin; "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 @pytest.mark.parametrize("kl_anchor", ["old", "reference"])
 def test_prepare_through_chunked_predictions_equals_the_whole_batch(kl_anchor: str) -> None:
     """The trainer hands ``prepare`` an adapter whose forwards see at most a micro-batch of rows."""
-    from vgrpo_platform.chunked import ChunkedPredictions
+    from vgrpo_platform.training.chunked import ChunkedPredictions
 
     cfg = VGRPOConfig(n_mc=3, kl_beta=0.1, kl_anchor=kl_anchor)
     whole, sliced = TinyAdapter(), TinyAdapter()

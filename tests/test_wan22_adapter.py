@@ -8,10 +8,11 @@ guidance scales per expert), direct calls of each expert (the surrogate's routin
 from __future__ import annotations
 
 import json
-import math
 import os
+from functools import partial
 from pathlib import Path
 
+import adapter_checks as checks
 import numpy as np
 import pytest
 import torch
@@ -23,9 +24,8 @@ from vgrpo_adapters.wan import WanAdapterConfig
 from vgrpo_adapters.wan.experts import WanExperts
 from vgrpo_adapters.wan.impl import WanAdapter
 
-from vgrpo_platform import cli
+from vgrpo_platform.cli import app as cli
 from vgrpo_platform.finetune import attach_lora, trainable_named_parameters
-from vgrpo_platform.metrics import read_metrics
 from vgrpo_platform.protocols import BuildContext, SamplerSpec
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -47,18 +47,8 @@ def config(model: Path, **options) -> WanAdapterConfig:
     )
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return build_tiny_wan22(tmp_path_factory.mktemp("wan22") / "pipe")
-
-
-@pytest.fixture(scope="module")
-def adapter(model_dir) -> WanAdapter:
-    return WanAdapter.from_config(config(model_dir), BuildContext())
-
-
-def noise(batch: int, seed: int = 0) -> torch.Tensor:
-    return torch.randn(batch, *LATENT, generator=torch.Generator().manual_seed(seed))
+TINY_PIPELINE, ADAPTER = build_tiny_wan22, WanAdapter  # the conftest's model_dir and adapter fixtures
+noise = partial(checks.seeded_noise, LATENT)
 
 
 def lora_adapter(model_dir: Path, experts: list[str] | None, seed: int = 0) -> WanAdapter:
@@ -281,10 +271,7 @@ def test_vgrpo_run_of_the_wan22_recipe_with_tiny_weights(model_dir, tmp_path) ->
         f"adapter.options.max_sequence_length={WAN_TOKENS}",
         f'rewards=[{{name="framewise", options={{reward="pickscore", frames=2, options={pickscore}}}}}, '
         '{name="motion", weight=2.0}]',
-        "run.device=cpu",
-        "run.mixed_precision=no",
-        f'run.output_dir="{tmp_path}"',
-        "log.progress=none",
+        *checks.cpu_run(tmp_path),
         "log.save_grids=false",
         "rollout.group_size=2",
         "rollout.prompts_per_iteration=2",
@@ -299,9 +286,7 @@ def test_vgrpo_run_of_the_wan22_recipe_with_tiny_weights(model_dir, tmp_path) ->
     result = CliRunner().invoke(cli.app, args)
     assert result.exit_code == 0, result.output + repr(result.exception)
     run_dir = tmp_path / "wan22_pickscore"
-    records = [rec for rec in read_metrics(run_dir / "metrics.jsonl") if rec["kind"] == "train"]
-    assert [rec["iteration"] for rec in records] == [1, 2]
-    assert all(math.isfinite(rec["loss"]) for rec in records)
+    checks.assert_trained(run_dir, 2)
     for folder in ("transformer", "transformer_2"):
         assert (run_dir / "final" / folder / "pytorch_lora_weights.safetensors").is_file()
 

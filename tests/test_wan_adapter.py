@@ -6,12 +6,11 @@ that ``write_samples`` writes, and a short V-GRPO run.
 
 from __future__ import annotations
 
-import math
 import os
-import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 
+import adapter_checks as checks
 import numpy as np
 import pytest
 import torch
@@ -24,13 +23,11 @@ from vgrpo_adapters.wan.impl import WanAdapter
 from vgrpo_rewards import toy as toy_rewards
 
 from vgrpo_platform import media
-from vgrpo_platform.generate import write_samples
-from vgrpo_platform.metrics import read_metrics
-from vgrpo_platform.plugins import build_plugin_manager, collect_components
-from vgrpo_platform.protocols import Adapter, BuildContext, SamplerSpec
-from vgrpo_platform.recipe import resolve_recipe
-from vgrpo_platform.surrogates import plugin as surrogates_plugin
-from vgrpo_platform.train import Trainer
+from vgrpo_platform.algo.surrogates import plugin as surrogates_plugin
+from vgrpo_platform.cli.sample import write_samples
+from vgrpo_platform.config.recipe import resolve_recipe
+from vgrpo_platform.protocols import SamplerSpec
+from vgrpo_platform.training.loop import Trainer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 diffusers_logging.disable_progress_bar()
@@ -40,34 +37,30 @@ SIDE, FRAMES, TOKENS = WAN_SIDE, WAN_FRAMES, WAN_TOKENS
 LATENT = (4, 2, SIDE // 8, SIDE // 8)  # z_dim 4, (5 - 1) / 4 + 1 latent frames, 8x spatial
 
 
+def wan_options(model: Path) -> list[str]:
+    """The recipe overrides that point a run at the tiny pipeline, with its brightness reward."""
+    return [
+        f'adapter.options.model="{model}"',
+        f"adapter.options.resolution={SIDE}",
+        f"adapter.options.num_frames={FRAMES}",
+        f"adapter.options.max_sequence_length={TOKENS}",
+        'rewards=[{name="brightness"}]',
+    ]
+
+
 def config(model: Path, **options) -> WanAdapterConfig:
     return WanAdapterConfig(
         model=str(model), resolution=SIDE, num_frames=FRAMES, max_sequence_length=TOKENS, **options
     )
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return build_tiny_wan(tmp_path_factory.mktemp("wan") / "pipe")
-
-
-@pytest.fixture(scope="module")
-def adapter(model_dir) -> WanAdapter:
-    return WanAdapter.from_config(config(model_dir), BuildContext())
-
-
-def noise(batch: int, seed: int = 0) -> torch.Tensor:
-    return torch.randn(batch, *LATENT, generator=torch.Generator().manual_seed(seed))
+TINY_PIPELINE, ADAPTER = build_tiny_wan, WanAdapter  # the conftest's model_dir and adapter fixtures
+noise = partial(checks.seeded_noise, LATENT)
 
 
 def test_registered_with_a_documented_config_and_a_torch_free_entry_module(model_dir) -> None:
-    registry = collect_components(build_plugin_manager(load_entry_points=False, extra_plugins=[wan_entry]))
-    assert registry.get("adapter", "wan").config is WanAdapterConfig
-    assert all(field.description for field in WanAdapterConfig.model_fields.values())
-    built = registry.build("adapter", "wan", config(model_dir).model_dump(), BuildContext())
-    assert isinstance(built, WanAdapter) and isinstance(built, Adapter) and built.modality == "video"
-    code = "import vgrpo_adapters.wan, sys; assert 'torch' not in sys.modules, 'torch imported'"
-    subprocess.run([sys.executable, "-c", code], check=True)
+    built = checks.assert_registered(wan_entry, "wan", config(model_dir), WanAdapter)
+    assert built.modality == "video"
     with pytest.raises(ValueError, match="4k"):
         WanAdapterConfig(num_frames=6)
 
@@ -121,21 +114,10 @@ def test_decoded_clips_are_written_as_mp4_that_decord_reads_back(adapter, tmp_pa
 
 
 def test_recipe_runs_v_grpo_iterations_and_exports_a_lora(model_dir, tmp_path) -> None:
-    registry = collect_components(
-        build_plugin_manager(
-            load_entry_points=False, extra_plugins=[wan_entry, toy_rewards, surrogates_plugin]
-        )
-    )
+    registry = checks.registry_of(wan_entry, toy_rewards, surrogates_plugin)
     overrides = [
-        f'adapter.options.model="{model_dir}"',
-        f"adapter.options.resolution={SIDE}",
-        f"adapter.options.num_frames={FRAMES}",
-        f"adapter.options.max_sequence_length={TOKENS}",
-        'rewards=[{name="brightness"}]',
-        "run.device=cpu",
-        "run.mixed_precision=no",
-        f'run.output_dir="{tmp_path}"',
-        "log.progress=none",
+        *wan_options(model_dir),
+        *checks.cpu_run(tmp_path),
         "rollout.group_size=4",
         "rollout.prompts_per_iteration=2",
         "rollout.steps=2",
@@ -149,24 +131,17 @@ def test_recipe_runs_v_grpo_iterations_and_exports_a_lora(model_dir, tmp_path) -
     resolved = resolve_recipe(RECIPES / "wan_pickscore.toml", overrides, registry=registry)
     trainer = Trainer(resolved)
     run_dir = trainer.run()
-    records = [rec for rec in read_metrics(run_dir / "metrics.jsonl") if rec["kind"] == "train"]
-    assert [rec["iteration"] for rec in records] == [1, 2, 3, 4]
-    assert all(math.isfinite(rec["loss"]) for rec in records)
+    checks.assert_trained(run_dir, 4)
     # the random tiny VAE decodes nearly uniform frames, so brightness barely varies: check that the
     # policy moved (LoRA B matrices start at zero) rather than the reward's direction
-    lora_b = [p for n, p in trainer.session.adapter.denoiser.named_parameters() if "lora_B" in n]
-    assert lora_b and max(p.abs().max().item() for p in lora_b) > 0
+    checks.assert_lora_moved(trainer.session.adapter)
     assert (run_dir / "final" / "pytorch_lora_weights.safetensors").is_file()
 
 
 def test_shipped_recipe_passes_check_with_the_video_rewards() -> None:
     from vgrpo_rewards import pickscore, video
 
-    registry = collect_components(
-        build_plugin_manager(
-            load_entry_points=False, extra_plugins=[wan_entry, video, pickscore, surrogates_plugin]
-        )
-    )
+    registry = checks.registry_of(wan_entry, video, pickscore, surrogates_plugin)
     resolved = resolve_recipe(RECIPES / "wan_pickscore.toml", registry=registry)
     assert resolved.recipe.adapter.name == "wan" and [r.key for r in resolved.rewards] == [
         "framewise",
@@ -183,37 +158,11 @@ def test_v_grpo_raises_the_held_out_brightness_with_a_responsive_vae(tmp_path) -
     must raise the held-out brightness (same eval seeds before and after).
     Measured eval reward at 0 -> 4 (run seeds 0/1/2): 0.593 -> 0.989 / 0.994 / 0.993."""
     model_dir = build_tiny_wan(tmp_path / "pipe", responsive_vae=True)
-    registry = collect_components(
-        build_plugin_manager(
-            load_entry_points=False, extra_plugins=[wan_entry, toy_rewards, surrogates_plugin]
-        )
-    )
+    registry = checks.registry_of(wan_entry, toy_rewards, surrogates_plugin)
     overrides = [
-        f'adapter.options.model="{model_dir}"',
-        f"adapter.options.resolution={SIDE}",
-        f"adapter.options.num_frames={FRAMES}",
-        f"adapter.options.max_sequence_length={TOKENS}",
-        'rewards=[{name="brightness"}]',
-        "run.device=cpu",
-        "run.mixed_precision=no",
-        "run.seed=0",
-        f'run.output_dir="{tmp_path}"',
-        "log.progress=none",
-        "log.save_grids=false",
-        "rollout.group_size=8",
-        "rollout.prompts_per_iteration=1",
-        "rollout.steps=2",
-        "train.iterations=4",
-        "train.micro_batch_size=8",
-        "train.lr=1e-2",
-        "train.lora_rank=4",
-        "train.gradient_checkpointing=false",
-        "eval.every=0",
-        "eval.samples_per_prompt=8",
-        "eval.max_prompts=1",
+        *wan_options(model_dir),
+        *checks.cpu_run(tmp_path, "run.seed=0"),
+        *checks.learning_run(8, "train.gradient_checkpointing=false"),
     ]
     run_dir = Trainer(resolve_recipe(RECIPES / "wan_pickscore.toml", overrides, registry=registry)).run()
-    evals = [rec for rec in read_metrics(run_dir / "metrics.jsonl") if rec["kind"] == "eval"]
-    assert [rec["iteration"] for rec in evals] == [0, 4]
-    before, after = evals[0]["reward"], evals[-1]["reward"]
-    assert after > before + 0.2, (before, after)  # the smallest measured gain was 0.40
+    checks.assert_eval_gain(run_dir, 4, margin=0.2)  # the smallest measured gain was 0.40

@@ -24,7 +24,7 @@ from diffusers import (
     Flux2Transformer2DModel,
 )
 from diffusers.pipelines.flux2.system_messages import SYSTEM_MESSAGE
-from tiny_pipelines import RESOLUTION, qwen_tokenizer
+from tiny_pipelines import RESOLUTION, SMALL_VAE, qwen_tokenizer
 from tokenizers import AddedToken
 from transformers import (
     Mistral3Config,
@@ -78,16 +78,7 @@ def _transformer(guidance_embeds: bool) -> Flux2Transformer2DModel:
 
 
 def _vae() -> AutoencoderKLFlux2:
-    vae = AutoencoderKLFlux2(
-        latent_channels=4,
-        block_out_channels=(8, 8),
-        layers_per_block=1,
-        down_block_types=("DownEncoderBlock2D",) * 2,
-        up_block_types=("UpDecoderBlock2D",) * 2,
-        norm_num_groups=4,
-        sample_size=RESOLUTION,
-        mid_block_add_attention=False,
-    )
+    vae = AutoencoderKLFlux2(**SMALL_VAE, mid_block_add_attention=False)
     with torch.no_grad():  # the latents' normalisation must matter in the tests
         vae.bn.running_mean.copy_(torch.linspace(-0.3, 0.3, LATENT[0]))
         vae.bn.running_var.copy_(torch.linspace(0.5, 2.0, LATENT[0]))

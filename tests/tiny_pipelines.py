@@ -138,17 +138,23 @@ def _t5(vocab_size: int, d_model: int) -> T5EncoderModel:
     )
 
 
+SMALL_VAE = dict(
+    latent_channels=4,
+    block_out_channels=(8, 8),
+    layers_per_block=1,
+    down_block_types=("DownEncoderBlock2D",) * 2,
+    up_block_types=("UpDecoderBlock2D",) * 2,
+    norm_num_groups=4,
+    sample_size=RESOLUTION,
+)
+"""The toy image VAE's layout (two 8-channel blocks: factor 2, 4 latent channels), FLUX's and FLUX.2's."""
+
+
 def _vae() -> AutoencoderKL:
     return AutoencoderKL(
         in_channels=3,
         out_channels=3,
-        latent_channels=4,
-        block_out_channels=(8, 8),
-        layers_per_block=1,
-        down_block_types=("DownEncoderBlock2D",) * 2,
-        up_block_types=("UpDecoderBlock2D",) * 2,
-        norm_num_groups=4,
-        sample_size=RESOLUTION,
+        **SMALL_VAE,
         use_quant_conv=False,
         use_post_quant_conv=False,
         shift_factor=0.0609,

@@ -8,7 +8,7 @@ the initial weights (on CPU) and swaps it in only while the reference is evaluat
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -26,7 +26,13 @@ def attach_lora(
     from peft import LoraConfig, inject_adapter_in_model
 
     denoiser.requires_grad_(False)
-    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(target_modules), lora_dropout=0.0)
+    # peft annotates lora_alpha as int, but scales by alpha / r and takes any number (recipes allow 0.5)
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=alpha,  # type: ignore[arg-type]
+        target_modules=list(target_modules),
+        lora_dropout=0.0,
+    )
     inject_adapter_in_model(config, denoiser)
     params = [p for n, p in denoiser.named_parameters() if "lora_" in n]
     if not params:
@@ -89,7 +95,9 @@ def reference_mode(adapter) -> Iterator[None]:  # noqa: ANN001 - any protocols.A
 
 
 @contextmanager
-def values_swapped_in(params: dict[str, torch.Tensor], values: dict[str, torch.Tensor]) -> Iterator[None]:
+def values_swapped_in(
+    params: Mapping[str, torch.Tensor], values: Mapping[str, torch.Tensor]
+) -> Iterator[None]:
     """Inside: each parameter holds ``values[name]``; after: its own values again, bit for bit (also on
     an exception). How a reference, an EMA or an averaged model is evaluated without a second copy."""
     current = {n: p.detach().clone() for n, p in params.items()}

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 if TYPE_CHECKING:  # the entry modules of plugins import this file: keep torch out of import time
     import torch
 
-    from vgrpo_platform.distributed import RowsOf
+    from vgrpo_platform.parallel.data_parallel import RowsOf
 
 Conditioning = dict[str, "torch.Tensor"]
 """Prompt conditioning: every tensor batch-first ``[B, ...]`` so the core can index and repeat it."""

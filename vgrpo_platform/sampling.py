@@ -19,7 +19,11 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from diffusers import DPMSolverMultistepScheduler, FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
+
+# from their modules, not the package root: diffusers' root declares dummy classes to type checkers
+from diffusers.schedulers.scheduling_dpmsolver_multistep import DPMSolverMultistepScheduler
+from diffusers.schedulers.scheduling_flow_match_euler_discrete import FlowMatchEulerDiscreteScheduler
+from diffusers.schedulers.scheduling_unipc_multistep import UniPCMultistepScheduler
 
 from vgrpo_platform.protocols import SamplerSpec
 
@@ -41,23 +45,27 @@ def make_scheduler(sampler: SamplerSpec, shift: float = 1.0, device: torch.devic
     """A fresh diffusers scheduler with its timesteps set (schedulers are stateful: one per rollout)."""
     if sampler.steps < 1:
         raise ValueError(f"sampler.steps must be >= 1, got {sampler.steps}")
+    scheduler: FlowMatchEulerDiscreteScheduler | DPMSolverMultistepScheduler | UniPCMultistepScheduler
     if sampler.name == "euler":
-        scheduler = FlowMatchEulerDiscreteScheduler(shift=shift)
-        scheduler.set_timesteps(sigmas=_uniform_sigmas(sampler.steps), device=device)
+        euler = FlowMatchEulerDiscreteScheduler(shift=shift)
+        euler.set_timesteps(sigmas=_uniform_sigmas(sampler.steps), device=device)
+        scheduler = euler
     elif sampler.name == "dpmsolver++":
-        scheduler = DPMSolverMultistepScheduler(
+        dpm = DPMSolverMultistepScheduler(
             use_flow_sigmas=True,
             flow_shift=shift,
             prediction_type="flow_prediction",
             algorithm_type="dpmsolver++",
             solver_order=2,
         )
-        scheduler.set_timesteps(num_inference_steps=sampler.steps, device=device)
+        dpm.set_timesteps(num_inference_steps=sampler.steps, device=device)
+        scheduler = dpm
     elif sampler.name == "unipc":
-        scheduler = UniPCMultistepScheduler(
+        unipc = UniPCMultistepScheduler(
             use_flow_sigmas=True, flow_shift=shift, prediction_type="flow_prediction", solver_order=2
         )
-        scheduler.set_timesteps(sigmas=_uniform_sigmas(sampler.steps), device=device)
+        unipc.set_timesteps(sigmas=_uniform_sigmas(sampler.steps), device=device)
+        scheduler = unipc
     else:
         raise ValueError(f"unknown sampler {sampler.name!r}; valid names: {', '.join(SAMPLERS)}")
     scheduler.set_begin_index(0)  # step i uses sigmas[i]: no lookup of (possibly repeated) timesteps

@@ -10,15 +10,14 @@ waveform VAE and the UMT5 text encoder stay frozen. See docs/video-audio.md.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import ClassVar
 
 from pydantic import Field
+from vgrpo_adapters._diffusers_options import DiffusersModelConfig
+from vgrpo_adapters._entry import adapter_hook
 
-from vgrpo_platform.hookspecs import hookimpl
-from vgrpo_platform.registry import PluginConfig
 
-
-class LongCatAudioConfig(PluginConfig):
+class LongCatAudioConfig(DiffusersModelConfig):
     """Options of ``[adapter.options]`` for ``name = "longcat_audio"``."""
 
     modality: ClassVar[str] = "audio"
@@ -26,12 +25,6 @@ class LongCatAudioConfig(PluginConfig):
     model: str = Field(
         "ruixiangma/LongCat-AudioDiT-1B-Diffusers",
         description="Hub id or local folder of a LongCatAudioDiTPipeline in the diffusers layout.",
-    )
-    revision: str | None = Field(
-        None, description="Hub revision (branch, tag or commit); null = the default."
-    )
-    dtype: Literal["auto", "bf16", "fp16", "fp32"] = Field(
-        "auto", description="Weight dtype of every component: 'auto' = bf16 on CUDA, fp32 on the CPU."
     )
     duration_s: float = Field(
         5.0, gt=0, le=30.0, description="Clip length in seconds (rounded down to whole latent frames)."
@@ -52,29 +45,17 @@ class LongCatAudioConfig(PluginConfig):
         description="Also guide the surrogate's predictions (doubles training cost); needs cfg_scale > 1",
     )
     decode_chunk_size: int = Field(8, ge=1, description="Clips the waveform VAE decodes at once.")
-    cache_text_embeddings: bool = Field(
-        True, description="Encode each distinct prompt once and keep its embeddings (keyed by the prompt)."
-    )
-    text_cache_device: Literal["cpu", "device"] = Field(
-        "cpu", description="Where cached embeddings live: 'cpu' (host memory) or 'device' (GPU memory)."
-    )
     offload_text_encoders: bool = Field(
         False, description="Keep UMT5 in host memory, on the device only while encoding new prompts."
     )
 
 
-def build_longcat_audio(config: LongCatAudioConfig, context: Any) -> Any:
-    """Factory: imports torch and diffusers only when a run builds the adapter."""
-    from vgrpo_adapters.audio.impl import LongCatAudioAdapter
-
-    return LongCatAudioAdapter.from_config(config, context)
-
-
-@hookimpl
-def register_adapters(register):  # noqa: ANN001 - the host's Register callable
-    register(
+register_adapters = adapter_hook(
+    __name__,
+    (
         "longcat_audio",
-        build_longcat_audio,
+        "vgrpo_adapters.audio.impl:LongCatAudioAdapter.from_config",
         LongCatAudioConfig,
-        summary="LongCat-AudioDiT text-to-audio (diffusers, rectified flow): DiT trained, VAE + UMT5 frozen.",
-    )
+        "LongCat-AudioDiT text-to-audio (diffusers, rectified flow): DiT trained, VAE + UMT5 frozen.",
+    ),
+)

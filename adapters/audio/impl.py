@@ -17,17 +17,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from diffusers import LongCatAudioDiTPipeline
-from vgrpo_adapters._diffusers_common import (
-    EXPORT_INFO,
-    DiffusersFlowAdapter,
-    PromptCache,
-    TrueCFGMixin,
-    static_shift,
-)
+from vgrpo_adapters._diffusers_cfg import TrueCFGMixin
+from vgrpo_adapters._diffusers_common import DiffusersFlowAdapter, static_shift
+from vgrpo_adapters._diffusers_export import lora_layers, lora_metadata
 
-from vgrpo_platform.finetune import uses_lora
 from vgrpo_platform.protocols import Conditioning, Samples
-from vgrpo_platform.schedules import RectifiedFlowSchedule
 
 
 class LongCatAudioAdapter(TrueCFGMixin, DiffusersFlowAdapter):
@@ -37,60 +31,28 @@ class LongCatAudioAdapter(TrueCFGMixin, DiffusersFlowAdapter):
     pipeline_class = LongCatAudioDiTPipeline
     lora_target_modules: Sequence[str] = ("to_q", "to_k", "to_v", "to_out.0")
 
-    def __init__(  # the base constructor reads an image VAE's config: set the same attributes here
+    def __init__(
         self,
         pipe: LongCatAudioDiTPipeline,
         *,
-        duration_s: float,
-        device: torch.device | str = "cpu",
-        shift: float | None = None,
         max_sequence_length: int = 128,
         decode_chunk_size: int = 8,
-        cache_text_embeddings: bool = True,
-        text_cache_device: str = "cpu",
-        offload_text_encoders: bool = False,
-        cfg_scale: float = 1.0,
-        cfg_in_training: bool = False,
+        **kwargs: Any,
     ) -> None:
-        if cfg_scale < 1.0:
-            raise ValueError(f"cfg_scale must be >= 1 (1 = off), got {cfg_scale}")
-        self.pipe = pipe
-        self.device = torch.device(device)
-        self.denoiser = pipe.transformer.to(self.device)
-        self.dtype = self.denoiser.dtype
-        self.vae = pipe.vae.requires_grad_(False).eval().to(self.device)
-        self.text_encoders = [pipe.text_encoder]
-        self.offload_text_encoders = offload_text_encoders
-        pipe.text_encoder.requires_grad_(False).eval().to("cpu" if offload_text_encoders else self.device)
-        self.sample_rate = int(pipe.sample_rate)
-        self.hop = int(pipe.vae_scale_factor)  # waveform samples per latent frame
+        super().__init__(
+            pipe, max_sequence_length=max_sequence_length, decode_chunk_size=decode_chunk_size, **kwargs
+        )
+
+    def _init_modality(self, *, duration_s: float) -> None:
+        self.sample_rate = int(self.pipe.sample_rate)
+        self.hop = int(self.pipe.vae_scale_factor)  # waveform samples per latent frame
         self.frames = int(duration_s * self.sample_rate // self.hop)
         if self.frames < 1:
             raise ValueError(f"duration_s={duration_s} is shorter than one latent frame ({self.hop} samples)")
         self.resolution = self.frames * self.hop  # samples per clip, recorded by export_trained
-        self.max_sequence_length = max_sequence_length
-        self.decode_chunk_size = decode_chunk_size
-        self.schedule = RectifiedFlowSchedule(
-            shift if shift is not None else static_shift(pipe.scheduler.config, 0)
-        )
-        cache_device = self.device if text_cache_device == "device" else torch.device("cpu")
-        self.prompt_cache = PromptCache(cache_text_embeddings, cache_device)
-        self.cfg_scale = float(cfg_scale)
-        self.cfg_in_training = cfg_in_training
 
-    @staticmethod
-    def options_from_config(config: Any) -> dict[str, Any]:
-        return dict(
-            duration_s=config.duration_s,
-            shift=config.shift,
-            max_sequence_length=config.max_sequence_length,
-            decode_chunk_size=config.decode_chunk_size,
-            cache_text_embeddings=config.cache_text_embeddings,
-            text_cache_device=config.text_cache_device,
-            offload_text_encoders=config.offload_text_encoders,
-            cfg_scale=config.cfg_scale,
-            cfg_in_training=config.cfg_in_training,
-        )
+    def default_shift(self) -> float:
+        return static_shift(self.pipe.scheduler.config, 0)
 
     def latent_shape(self) -> tuple[int, ...]:
         return (int(self.pipe.latent_dim), self.frames)
@@ -141,38 +103,23 @@ class LongCatAudioAdapter(TrueCFGMixin, DiffusersFlowAdapter):
         return Samples("audio", torch.cat(waves).clamp(-1, 1), sample_rate=self.sample_rate)
 
     # ------------------------------------------------------------------------------------ export
-    def export_trained(self, out_dir: str | Path) -> None:
-        """LoRA: ``transformer_lora.safetensors`` + ``transformer_lora_config.json`` (the pipeline has no LoRA
-        loader: load with peft's ``inject_adapter_in_model`` + ``set_peft_model_state_dict``). Full
-        fine-tuning: ``out_dir/transformer`` via ``save_pretrained``."""
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        base = getattr(self.pipe, "name_or_path", None) or "<base model>"
-        if uses_lora(self.denoiser):
-            from peft.utils import get_peft_model_state_dict
-            from safetensors.torch import save_file
+    def _save_lora(self, out: Path, base: str) -> str:
+        """``transformer_lora.safetensors`` + ``transformer_lora_config.json``: the pipeline has no LoRA
+        loader, so they load with peft's ``inject_adapter_in_model`` + ``set_peft_model_state_dict``."""
+        from safetensors.torch import save_file
 
-            state = {
-                k: v.detach().to("cpu").contiguous()
-                for k, v in get_peft_model_state_dict(self.denoiser).items()
-            }
-            save_file(state, out / "transformer_lora.safetensors")
-            peft_config = getattr(self.denoiser, "peft_config", {}).get("default")
-            if peft_config is not None:
-                config = {
-                    k: (sorted(v) if isinstance(v, set) else v) for k, v in peft_config.to_dict().items()
-                }
-                (out / "transformer_lora_config.json").write_text(json.dumps(config, indent=2, default=str))
-            info = {
-                "kind": "lora",
-                "load": "peft.inject_adapter_in_model(LoraConfig(**config), pipe.transformer); "
-                "peft.set_peft_model_state_dict(pipe.transformer, load_file('transformer_lora.safetensors'))",
-            }
-        else:
-            self.denoiser.save_pretrained(out / "transformer")
-            info = {
-                "kind": "full",
-                "load": f"LongCatAudioDiTTransformer.from_pretrained('{out / 'transformer'}')",
-            }
-        info.update(base_model=base, samples=self.resolution, sample_rate=self.sample_rate)
-        (out / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n")
+        save_file(lora_layers(self.denoiser), out / "transformer_lora.safetensors")
+        metadata = lora_metadata(self.denoiser)
+        if metadata is not None:
+            config = {k: (sorted(v) if isinstance(v, set) else v) for k, v in metadata.items()}
+            (out / "transformer_lora_config.json").write_text(json.dumps(config, indent=2, default=str))
+        return (
+            "peft.inject_adapter_in_model(LoraConfig(**config), pipe.transformer); "
+            "peft.set_peft_model_state_dict(pipe.transformer, load_file('transformer_lora.safetensors'))"
+        )
+
+    def _full_load_hint(self, folder: Path) -> str:
+        return f"LongCatAudioDiTTransformer.from_pretrained('{folder}')"
+
+    def _export_facts(self) -> dict[str, Any]:
+        return {"samples": self.resolution, "sample_rate": self.sample_rate}

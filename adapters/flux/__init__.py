@@ -6,12 +6,9 @@ transformer is trained, VAE and the CLIP + T5 text encoders stay frozen. See doc
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import Field
 from vgrpo_adapters._diffusers_options import DiffusersAdapterConfig
-
-from vgrpo_platform.hookspecs import hookimpl
+from vgrpo_adapters._entry import adapter_hook
 
 
 class FluxAdapterConfig(DiffusersAdapterConfig):
@@ -33,18 +30,12 @@ class FluxAdapterConfig(DiffusersAdapterConfig):
     )
 
 
-def build_flux_adapter(config: FluxAdapterConfig, context: Any) -> Any:
-    """Factory: imports torch and diffusers only when a run builds the adapter."""
-    from vgrpo_adapters.flux.impl import FluxAdapter
-
-    return FluxAdapter.from_config(config, context)
-
-
-@hookimpl
-def register_adapters(register):  # noqa: ANN001 - the host's Register callable
-    register(
+register_adapters = adapter_hook(
+    __name__,
+    (
         "flux",
-        build_flux_adapter,
+        "vgrpo_adapters.flux.impl:FluxAdapter.from_config",
         FluxAdapterConfig,
-        summary="FLUX.1 text-to-image (diffusers FluxPipeline): transformer trained, VAE + CLIP/T5 frozen.",
-    )
+        "FLUX.1 text-to-image (diffusers FluxPipeline): transformer trained, VAE + CLIP/T5 frozen.",
+    ),
+)

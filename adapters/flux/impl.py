@@ -19,25 +19,20 @@ from typing import Any
 
 import torch
 from diffusers import FluxPipeline
-from vgrpo_adapters._diffusers_common import DiffusersFlowAdapter
+from vgrpo_adapters._diffusers_common import JOINT_ATTENTION, DiffusersImageAdapter
 
 from vgrpo_platform.protocols import Conditioning
 
 
-class FluxAdapter(DiffusersFlowAdapter):
+class FluxAdapter(DiffusersImageAdapter):
     """FLUX transformer (trained) + VAE, CLIP-L and T5-XXL (frozen), with embedded guidance."""
 
     pipeline_class = FluxPipeline
+    display_name = "FLUX"
     # diffusers' FLUX LoRA training scripts: attention of both streams and the dual-stream MLPs
     # ("attn.to_*" also matches the single-stream blocks' attention).
     lora_target_modules: Sequence[str] = (
-        "attn.to_q",
-        "attn.to_k",
-        "attn.to_v",
-        "attn.to_out.0",
-        "attn.add_q_proj",
-        "attn.add_k_proj",
-        "attn.add_v_proj",
+        *JOINT_ATTENTION,
         "attn.to_add_out",
         "ff.net.0.proj",
         "ff.net.2",
@@ -53,20 +48,6 @@ class FluxAdapter(DiffusersFlowAdapter):
         self.img_ids = FluxPipeline._prepare_latent_image_ids(
             1, side, side, self.device, self.dtype
         )  # [S, 3]
-
-    @staticmethod
-    def options_from_config(config: Any) -> dict[str, Any]:
-        return {**DiffusersFlowAdapter.options_from_config(config), "guidance": config.guidance}
-
-    def _check_resolution(self, resolution: int) -> None:
-        step = self.vae_scale_factor * 2  # VAE downsampling x 2x2 packing
-        if resolution % step:
-            raise ValueError(
-                f"FLUX needs a resolution divisible by {step} (VAE factor x 2), got {resolution}"
-            )
-
-    def image_seq_len(self) -> int:
-        return (self.latent_side // 2) ** 2
 
     def latent_shape(self) -> tuple[int, ...]:
         channels = self.denoiser.config.in_channels // 4  # packed tokens hold 2x2 patches

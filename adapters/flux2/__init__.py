@@ -8,12 +8,9 @@ and load different checkpoints; one implementation (``impl.py``) serves both. Se
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import Field
-from vgrpo_adapters._diffusers_options import DiffusersAdapterConfig
-
-from vgrpo_platform.hookspecs import hookimpl
+from vgrpo_adapters._diffusers_options import CFGOptions, DiffusersAdapterConfig
+from vgrpo_adapters._entry import adapter_hook
 
 SHIFT_STEPS_HELP = (
     "Step count whose empirical mu (FLUX.2's compute_empirical_mu, a function of the image token count "
@@ -24,6 +21,8 @@ SHIFT_STEPS_HELP = (
 
 class Flux2AdapterConfig(DiffusersAdapterConfig):
     """Options of ``[adapter.options]`` for ``name = "flux2"`` (FLUX.2 [dev])."""
+
+    # Not shared with flux's config: ``model`` and ``guidance`` have FLUX.2's own defaults and texts.
 
     model: str = Field(
         "black-forest-labs/FLUX.2-dev",
@@ -50,8 +49,10 @@ class Flux2AdapterConfig(DiffusersAdapterConfig):
     )
 
 
-class Flux2KleinAdapterConfig(DiffusersAdapterConfig):
+class Flux2KleinAdapterConfig(DiffusersAdapterConfig, CFGOptions):
     """Options of ``[adapter.options]`` for ``name = "flux2_klein"`` (FLUX.2 [klein])."""
+
+    # Not shared with other configs: fields alike in shape only (klein's own defaults and texts).
 
     model: str = Field(
         "black-forest-labs/FLUX.2-klein-4B",
@@ -67,11 +68,6 @@ class Flux2KleinAdapterConfig(DiffusersAdapterConfig):
         description="True classifier-free guidance scale (the pipeline's guidance_scale); 1 = off. The "
         "base models sample with 4.0 (two passes per step); step-distilled models refuse CFG.",
     )
-    cfg_in_training: bool = Field(
-        False,
-        description="Also guide the surrogate's predictions (doubles training cost); needs cfg_scale > 1.",
-    )
-    negative_prompt: str = Field("", description="The unconditional prompt of CFG (the pipeline's '').")
     shift_steps: int = Field(4, ge=1, description=SHIFT_STEPS_HELP)
     offload_text_encoders: bool = Field(
         False,
@@ -80,33 +76,20 @@ class Flux2KleinAdapterConfig(DiffusersAdapterConfig):
     )
 
 
-def build_flux2_adapter(config: Flux2AdapterConfig, context: Any) -> Any:
-    """Factory: imports torch and diffusers only when a run builds the adapter."""
-    from vgrpo_adapters.flux2.impl import Flux2Adapter
-
-    return Flux2Adapter.from_config(config, context)
-
-
-def build_flux2_klein_adapter(config: Flux2KleinAdapterConfig, context: Any) -> Any:
-    """Factory: imports torch and diffusers only when a run builds the adapter."""
-    from vgrpo_adapters.flux2.impl import Flux2KleinAdapter
-
-    return Flux2KleinAdapter.from_config(config, context)
-
-
-@hookimpl
-def register_adapters(register):  # noqa: ANN001 - the host's Register callable
-    register(
+register_adapters = adapter_hook(
+    __name__,
+    (
         "flux2",
-        build_flux2_adapter,
+        "vgrpo_adapters.flux2.impl:Flux2Adapter.from_config",
         Flux2AdapterConfig,
-        summary="FLUX.2 [dev] text-to-image (diffusers Flux2Pipeline): transformer trained, VAE + "
-        "Mistral-3 frozen, embedded guidance.",
-    )
-    register(
+        "FLUX.2 [dev] text-to-image (diffusers Flux2Pipeline): transformer trained, VAE + Mistral-3 frozen, "
+        "embedded guidance.",
+    ),
+    (
         "flux2_klein",
-        build_flux2_klein_adapter,
+        "vgrpo_adapters.flux2.impl:Flux2KleinAdapter.from_config",
         Flux2KleinAdapterConfig,
-        summary="FLUX.2 [klein] text-to-image (diffusers Flux2KleinPipeline): transformer trained, VAE + "
+        "FLUX.2 [klein] text-to-image (diffusers Flux2KleinPipeline): transformer trained, VAE + "
         "Qwen3 frozen, optional true CFG.",
-    )
+    ),
+)

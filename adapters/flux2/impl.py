@@ -31,9 +31,10 @@ from typing import Any
 import torch
 from diffusers import Flux2KleinPipeline, Flux2Pipeline
 from diffusers.pipelines.flux2.pipeline_flux2 import compute_empirical_mu
-from vgrpo_adapters._diffusers_common import DiffusersFlowAdapter, TrueCFGMixin
+from vgrpo_adapters._diffusers_cfg import TrueCFGMixin
+from vgrpo_adapters._diffusers_common import JOINT_ATTENTION, DiffusersImageAdapter
 
-from vgrpo_platform.protocols import Conditioning, Samples
+from vgrpo_platform.protocols import Conditioning
 
 
 def flux2_shift(image_seq_len: int, steps: int) -> float:
@@ -41,19 +42,13 @@ def flux2_shift(image_seq_len: int, steps: int) -> float:
     return math.exp(compute_empirical_mu(image_seq_len, steps))
 
 
-class Flux2AdapterBase(DiffusersFlowAdapter):
+class Flux2AdapterBase(DiffusersImageAdapter):
     """What FLUX.2 [dev] and [klein] share: latents, packing, position ids, the transformer call, decoding."""
 
     # Flow-Factory's default FLUX.2 LoRA targets: both streams' attention and MLPs of the dual-stream
     # blocks, and the fused QKV + MLP input projection of the single-stream blocks.
     lora_target_modules: Sequence[str] = (
-        "attn.to_q",
-        "attn.to_k",
-        "attn.to_v",
-        "attn.to_out.0",
-        "attn.add_q_proj",
-        "attn.add_k_proj",
-        "attn.add_v_proj",
+        *JOINT_ATTENTION,
         "attn.to_add_out",
         "ff.linear_in",
         "ff.linear_out",
@@ -61,22 +56,13 @@ class Flux2AdapterBase(DiffusersFlowAdapter):
         "ff_context.linear_out",
         "attn.to_qkv_mlp_proj",
     )
+    display_name = "FLUX.2"
 
     def __init__(
-        self,
-        pipe: Any,
-        *,
-        resolution: int,
-        shift: float | None = None,
-        shift_steps: int = 50,
-        guidance: float | None = None,
-        **kwargs: Any,
+        self, pipe: Any, *, shift_steps: int = 50, guidance: float | None = None, **kwargs: Any
     ) -> None:
-        if shift is None:  # the pipelines' empirical mu replaces the scheduler config's dynamic shift
-            factor = 2 ** (len(pipe.vae.config.block_out_channels) - 1)
-            shift = flux2_shift((resolution // (2 * factor)) ** 2, shift_steps)
-        super().__init__(pipe, resolution=resolution, shift=shift, **kwargs)
-        self.shift_steps = shift_steps
+        self.shift_steps = shift_steps  # read by default_shift, within the base constructor
+        super().__init__(pipe, **kwargs)
         self.guidance = float(guidance) if guidance is not None else None
         side = self.latent_side // 2
         grid = torch.zeros(1, 1, side, side)
@@ -87,19 +73,9 @@ class Flux2AdapterBase(DiffusersFlowAdapter):
         self._bn_mean = bn.running_mean.detach().float().view(1, -1, 1, 1)  # [1, 4C, 1, 1]
         self._bn_std = (bn.running_var.detach().float() + cfg.batch_norm_eps).sqrt().view(1, -1, 1, 1)
 
-    @staticmethod
-    def options_from_config(config: Any) -> dict[str, Any]:
-        return {**DiffusersFlowAdapter.options_from_config(config), "shift_steps": config.shift_steps}
-
-    def _check_resolution(self, resolution: int) -> None:
-        step = self.vae_scale_factor * 2  # VAE downsampling x 2x2 patchifying
-        if resolution % step:
-            raise ValueError(
-                f"FLUX.2 needs a resolution divisible by {step} (VAE factor x 2), got {resolution}"
-            )
-
-    def image_seq_len(self) -> int:
-        return (self.latent_side // 2) ** 2
+    def default_shift(self) -> float:
+        """The pipelines' empirical mu replaces the scheduler config's dynamic shift."""
+        return flux2_shift(self.image_seq_len(), self.shift_steps)
 
     def latent_shape(self) -> tuple[int, ...]:
         side = self.latent_side // 2
@@ -147,16 +123,12 @@ class Flux2AdapterBase(DiffusersFlowAdapter):
         )[0]
         return self.unpack(out)  # [B, 4C, h, w]
 
-    @torch.no_grad()
-    def decode(self, latents: torch.Tensor) -> Samples:
-        """Latents ``[B, 4C, h, w]`` -> images ``[B, 3, H, W]`` float32 in ``[0, 1]``, in chunks."""
-        images = []
-        for part in latents.split(self.decode_chunk_size):
-            x = part.to(self.device, torch.float32)
-            x = x * self._bn_std.to(x.device) + self._bn_mean.to(x.device)
-            x = Flux2Pipeline._unpatchify_latents(x)  # [b, C, 2h, 2w]
-            images.append(self.vae.decode(x.to(self.vae.dtype), return_dict=False)[0].float())
-        return Samples("image", ((torch.cat(images) + 1) / 2).clamp(0, 1))
+    def _vae_decode(self, part: torch.Tensor) -> torch.Tensor:
+        """Latents ``[b, 4C, h, w]`` -> images ``[b, 3, H, W]``: un-normalised, unpatchified, decoded."""
+        x = part.to(self.device, torch.float32)
+        x = x * self._bn_std.to(x.device) + self._bn_mean.to(x.device)
+        x = Flux2Pipeline._unpatchify_latents(x)  # [b, C, 2h, 2w]
+        return self.vae.decode(x.to(self.vae.dtype), return_dict=False)[0].float()
 
 
 class Flux2Adapter(Flux2AdapterBase):
@@ -168,47 +140,16 @@ class Flux2Adapter(Flux2AdapterBase):
         has_guidance = bool(pipe.transformer.config.guidance_embeds)
         super().__init__(pipe, guidance=guidance if has_guidance else None, **kwargs)
 
-    @staticmethod
-    def options_from_config(config: Any) -> dict[str, Any]:
-        return {**Flux2AdapterBase.options_from_config(config), "guidance": config.guidance}
-
 
 class Flux2KleinAdapter(TrueCFGMixin, Flux2AdapterBase):
     """FLUX.2 [klein]: transformer (trained) + VAE and Qwen3 (frozen), optional true CFG."""
 
     pipeline_class = Flux2KleinPipeline
 
-    def __init__(
-        self,
-        pipe: Flux2KleinPipeline,
-        *,
-        cfg_scale: float = 1.0,
-        cfg_in_training: bool = False,
-        negative_prompt: str = "",
-        **kwargs: Any,
-    ) -> None:
-        if cfg_scale < 1.0:
-            raise ValueError(f"cfg_scale must be >= 1 (1 = off), got {cfg_scale}")
+    def __init__(self, pipe: Flux2KleinPipeline, *, cfg_scale: float = 1.0, **kwargs: Any) -> None:
         if cfg_scale > 1.0 and bool(getattr(pipe.config, "is_distilled", False)):
             raise ValueError(
                 f"cfg_scale={cfg_scale} on a step-distilled FLUX.2 [klein] (model_index.json: is_distilled): "
                 "its pipeline ignores guidance; set cfg_scale = 1, or use a klein-base model for CFG"
             )
-        super().__init__(pipe, **kwargs)
-        self.cfg_scale = float(cfg_scale)
-        self.cfg_in_training = cfg_in_training
-        self.negative_prompt = negative_prompt
-
-    @staticmethod
-    def options_from_config(config: Any) -> dict[str, Any]:
-        return {
-            **Flux2AdapterBase.options_from_config(config),
-            "cfg_scale": config.cfg_scale,
-            "cfg_in_training": config.cfg_in_training,
-            "negative_prompt": config.negative_prompt,
-        }
-
-    def null_conditioning(self, cond: Conditioning, batch: int) -> Conditioning:
-        """The negative prompt's encoding (cached), repeated over the batch."""
-        negative = self.encode_prompts([self.negative_prompt])  # [1, L, 3D]
-        return {k: negative[k].expand(batch, *negative[k].shape[1:]) for k in cond}
+        super().__init__(pipe, cfg_scale=cfg_scale, **kwargs)

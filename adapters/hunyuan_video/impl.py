@@ -6,14 +6,13 @@ transformer is called as the pipeline calls it for t2v: the latents concatenated
 conditioning latents and a zero mask channel (``2C + 1`` input channels), ``timestep = 1000 sigma`` in the
 transformer's dtype, Qwen2.5-VL and ByT5 embeddings with their masks, and all-zero image embeddings
 (the transformer masks them out for t2v). Guidance is the pipeline guider's true CFG,
-``v_uncond + s (v_cond - v_uncond)``. Loading, the prompt cache, rollouts and full-weight export come from
-``DiffusersFlowAdapter``; the LoRA export differs because the pipeline has no LoRA loader (see
-``export_trained``).
+``v_uncond + s (v_cond - v_uncond)``. Loading, the prompt cache, rollouts, the clip geometry and
+full-weight export come from ``DiffusersVideoAdapter``; the LoRA export differs because the pipeline has no
+LoRA loader (see ``_save_lora``).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,17 +20,12 @@ from typing import Any
 import torch
 from diffusers import HunyuanVideo15Pipeline
 from diffusers.loaders import HunyuanVideoLoraLoaderMixin
-from vgrpo_adapters._diffusers_common import (
-    EXPORT_INFO,
-    DiffusersFlowAdapter,
-    PromptCache,
-    TrueCFGMixin,
-    static_shift,
-)
+from vgrpo_adapters._diffusers_cfg import TrueCFGMixin
+from vgrpo_adapters._diffusers_common import JOINT_ATTENTION, lora_targets_but_last_block, static_shift
+from vgrpo_adapters._diffusers_export import lora_layers, lora_metadata, save_diffusers_lora
+from vgrpo_adapters._diffusers_video import DiffusersVideoAdapter
 
-from vgrpo_platform.finetune import uses_lora
-from vgrpo_platform.protocols import Conditioning, Samples
-from vgrpo_platform.schedules import RectifiedFlowSchedule
+from vgrpo_platform.protocols import Conditioning
 
 LORA_FILE = "pytorch_lora_weights.safetensors"
 TIMESTEP_SCALE = 1000.0
@@ -55,115 +49,52 @@ def guider_scale(guider: Any) -> float:
     return scale + 1.0 if cfg.get("use_original_formulation", False) else max(scale, 1.0)
 
 
-class HunyuanVideo15Adapter(TrueCFGMixin, DiffusersFlowAdapter):
+class HunyuanVideo15Adapter(TrueCFGMixin, DiffusersVideoAdapter):
     """HunyuanVideo 1.5 3D DiT (trained) + video VAE, Qwen2.5-VL and ByT5 (frozen), true CFG."""
 
-    modality = "video"
     pipeline_class = HunyuanVideo15Pipeline
+    display_name = "HunyuanVideo 1.5"
+    default_fps = 24.0
     # joint attention of the double-stream blocks, video and text streams (diffusers' HunyuanVideo layout);
     # the last block's text output projection is left out: the model discards that block's text stream
-    LORA_SHARED: Sequence[str] = (
-        "attn.to_q",
-        "attn.to_k",
-        "attn.to_v",
-        "attn.to_out.0",
-        "attn.add_q_proj",
-        "attn.add_k_proj",
-        "attn.add_v_proj",
-    )
+    LORA_SHARED: Sequence[str] = JOINT_ATTENTION
     LORA_TEXT_OUTPUT: Sequence[str] = ("attn.to_add_out",)
     lora_target_modules: Sequence[str] = (*LORA_SHARED, *LORA_TEXT_OUTPUT)  # before __init__ narrows it
 
-    def __init__(  # noqa: PLR0913 - mirrors the config's options
+    def __init__(
         self,
         pipe: HunyuanVideo15Pipeline,
         *,
-        height: int,
-        width: int,
-        num_frames: int,
-        fps: float = 24.0,
-        device: torch.device | str = "cpu",
-        shift: float | None = None,
         max_sequence_length: int = 1000,
-        vae_tiling: bool = False,
-        cache_text_embeddings: bool = True,
-        text_cache_device: str = "cpu",
-        offload_text_encoders: bool = False,
+        decode_chunk_size: int = 1,
         cfg_scale: float | None = None,
-        cfg_in_training: bool = False,
-        negative_prompt: str = "",
+        **kwargs: Any,
     ) -> None:
-        # The base constructor reads an image VAE's config; set the same attributes for the video VAE.
-        cfg_scale = guider_scale(getattr(pipe, "guider", None)) if cfg_scale is None else float(cfg_scale)
-        if cfg_scale < 1.0:
-            raise ValueError(f"cfg_scale must be >= 1 (1 = off), got {cfg_scale}")
-        self.pipe = pipe
-        self.device = torch.device(device)
-        self.denoiser = pipe.transformer.to(self.device)
-        self.dtype = self.denoiser.dtype
-        blocks = len(self.denoiser.transformer_blocks)
-        self.lora_target_modules = (
-            *self.LORA_SHARED,
-            *(f"transformer_blocks.{i}.{name}" for i in range(blocks - 1) for name in self.LORA_TEXT_OUTPUT),
-        )
-        self.vae = pipe.vae.requires_grad_(False).eval().to(self.device)
-        if vae_tiling:
-            self.vae.enable_tiling()
-        self.text_encoders = [pipe.text_encoder, pipe.text_encoder_2]
-        self.offload_text_encoders = offload_text_encoders
-        for encoder in self.text_encoders:
-            encoder.requires_grad_(False).eval().to("cpu" if offload_text_encoders else self.device)
-        self.scale_spatial = int(pipe.vae_scale_factor_spatial)
-        self.scale_temporal = int(pipe.vae_scale_factor_temporal)
-        self._check_size(height, width, num_frames)
-        self.height, self.width, self.num_frames, self.fps = height, width, num_frames, float(fps)
-        self.resolution = (height, width, num_frames)  # recorded by export_trained
-        self.max_sequence_length = max_sequence_length
-        pipe.tokenizer_max_length = max_sequence_length  # what encode_prompt pads / truncates to
-        self.decode_chunk_size = 1
-        shift = shift if shift is not None else static_shift(pipe.scheduler.config, 0)
-        self.schedule = RectifiedFlowSchedule(shift)
-        cache_device = self.device if text_cache_device == "device" else torch.device("cpu")
-        self.prompt_cache = PromptCache(cache_text_embeddings, cache_device)
-        self.cfg_scale = cfg_scale
-        self.cfg_in_training = cfg_in_training
-        self.negative_prompt = negative_prompt
-
-    @staticmethod
-    def options_from_config(config: Any) -> dict[str, Any]:
-        side = config.resolution
-        return dict(
-            height=side or config.height,
-            width=side or config.width,
-            num_frames=config.num_frames,
-            fps=config.fps,
-            shift=config.shift,
-            max_sequence_length=config.max_sequence_length,
-            vae_tiling=config.vae_tiling,
-            cache_text_embeddings=config.cache_text_embeddings,
-            text_cache_device=config.text_cache_device,
-            offload_text_encoders=config.offload_text_encoders,
-            cfg_scale=config.cfg_scale,
-            cfg_in_training=config.cfg_in_training,
-            negative_prompt=config.negative_prompt,
-        )
-
-    def _check_size(self, height: int, width: int, num_frames: int) -> None:
-        step = self.scale_spatial * self.denoiser.config.patch_size
-        if height % step or width % step:
+        if decode_chunk_size != 1:
             raise ValueError(
-                f"HunyuanVideo 1.5 needs sides divisible by {step} (VAE x patch), got {height}x{width}"
+                "decode_chunk_size must be 1: the VAE's causal mask broadcasts over one clip only"
             )
-        if (num_frames - 1) % self.scale_temporal:
-            raise ValueError(f"num_frames must be {self.scale_temporal}k + 1, got {num_frames}")
-
-    def latent_shape(self) -> tuple[int, ...]:
-        return (
-            int(self.vae.config.latent_channels),
-            (self.num_frames - 1) // self.scale_temporal + 1,
-            self.height // self.scale_spatial,
-            self.width // self.scale_spatial,
+        cfg_scale = guider_scale(getattr(pipe, "guider", None)) if cfg_scale is None else float(cfg_scale)
+        super().__init__(
+            pipe, max_sequence_length=max_sequence_length, decode_chunk_size=1, cfg_scale=cfg_scale, **kwargs
         )
+        blocks = len(self.denoiser.transformer_blocks)
+        self.lora_target_modules = lora_targets_but_last_block(
+            self.LORA_SHARED, self.LORA_TEXT_OUTPUT, blocks
+        )
+        pipe.tokenizer_max_length = max_sequence_length  # what encode_prompt pads / truncates to
+
+    def _vae_scales(self) -> tuple[int, int]:
+        return int(self.pipe.vae_scale_factor_spatial), int(self.pipe.vae_scale_factor_temporal)
+
+    def _patch(self) -> int:
+        return int(self.denoiser.config.patch_size)
+
+    def _latent_channels(self) -> int:
+        return int(self.vae.config.latent_channels)
+
+    def default_shift(self) -> float:
+        return static_shift(self.pipe.scheduler.config, 0)
 
     def _encode(self, prompts: list[str]) -> Conditioning:
         """Qwen2.5-VL states ``[B, max_sequence_length, D]`` and ByT5 glyph states ``[B, 256, D2]`` with
@@ -190,53 +121,21 @@ class HunyuanVideo15Adapter(TrueCFGMixin, DiffusersFlowAdapter):
             return_dict=False,
         )[0]
 
-    # --------------------------------------------------------------------------------------- CFG
-    def null_conditioning(self, cond: Conditioning, batch: int) -> Conditioning:
-        """The negative prompt's encoding (cached), repeated over the batch."""
-        negative = self.encode_prompts([self.negative_prompt])  # [1, ...]
-        return {k: negative[k].expand(batch, *negative[k].shape[1:]) for k in cond}
-
     # ------------------------------------------------------------------------------------ decode
-    @torch.no_grad()
-    def decode(self, latents: torch.Tensor) -> Samples:
-        """Latents ``[B, C, f, h, w]`` -> clips ``[B, F, 3, H, W]`` float32 in ``[0, 1]``, clip by clip."""
-        clips = []
-        for part in latents.split(1):
-            x = part.to(self.device, self.vae.dtype) / self.vae.config.scaling_factor
-            video = self.vae.decode(x, return_dict=False)[0].float()  # [1, 3, F, H, W]
-            clips.append(video.permute(0, 2, 1, 3, 4))  # [1, F, 3, H, W] in ~[-1, 1]
-        return Samples("video", ((torch.cat(clips) + 1) / 2).clamp(0, 1), fps=self.fps)
+    def _vae_decode(self, part: torch.Tensor) -> torch.Tensor:
+        x = part.to(self.device, self.vae.dtype) / self.vae.config.scaling_factor
+        return self.vae.decode(x, return_dict=False)[0].float()  # [1, 3, F, H, W]
 
     # ------------------------------------------------------------------------------------ export
-    def export_trained(self, out_dir: str | Path) -> None:
-        """LoRA: ``pytorch_lora_weights.safetensors`` in the diffusers layout (``transformer.``-prefixed keys,
-        rank and alpha in its metadata). ``HunyuanVideo15Pipeline`` has no LoRA loader in diffusers 0.42, so
-        it is written by the HunyuanVideo LoRA mixin and loads with ``pipe.transformer.load_lora_adapter(dir,
-        prefix="transformer", weight_name="pytorch_lora_weights.safetensors")``.
-        Full fine-tuning: as the base class (``out_dir/transformer``)."""
-        if not uses_lora(self.denoiser):
-            super().export_trained(out_dir)
-            return
-        from peft.utils import get_peft_model_state_dict
-
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        state = {
-            k: v.detach().to("cpu").contiguous() for k, v in get_peft_model_state_dict(self.denoiser).items()
-        }
-        peft_config = getattr(self.denoiser, "peft_config", {}).get("default")
-        HunyuanVideoLoraLoaderMixin.save_lora_weights(
-            out,
-            transformer_lora_layers=state,
-            transformer_lora_adapter_metadata=peft_config.to_dict() if peft_config is not None else None,
+    def _save_lora(self, out: Path, base: str) -> str:
+        """``pytorch_lora_weights.safetensors`` in the diffusers layout (``transformer.``-prefixed keys, rank
+        and alpha in its metadata). ``HunyuanVideo15Pipeline`` has no LoRA loader in diffusers 0.42, so it is
+        written by the HunyuanVideo LoRA mixin and loads with ``pipe.transformer.load_lora_adapter(dir,
+        prefix="transformer", weight_name="pytorch_lora_weights.safetensors")``."""
+        save_diffusers_lora(
+            HunyuanVideoLoraLoaderMixin, out, lora_layers(self.denoiser), lora_metadata(self.denoiser)
         )
-        base = getattr(self.pipe, "name_or_path", None) or "<base model>"
-        info = {
-            "kind": "lora",
-            "load": f"HunyuanVideo15Pipeline.from_pretrained('{base}').transformer"
-            f".load_lora_adapter('{out}', prefix='transformer', weight_name='{LORA_FILE}')",
-            "base_model": base,
-            "resolution": self.resolution,
-            "shift": self.schedule.shift,
-        }
-        (out / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n")
+        return (
+            f"HunyuanVideo15Pipeline.from_pretrained('{base}').transformer"
+            f".load_lora_adapter('{out}', prefix='transformer', weight_name='{LORA_FILE}')"
+        )

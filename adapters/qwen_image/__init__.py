@@ -7,15 +7,12 @@ the surrogate. See docs/adapters.md.
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import Field
-from vgrpo_adapters._diffusers_options import DiffusersAdapterConfig
+from vgrpo_adapters._diffusers_options import CFGOptions, DiffusersAdapterConfig
+from vgrpo_adapters._entry import adapter_hook
 
-from vgrpo_platform.hookspecs import hookimpl
 
-
-class QwenImageAdapterConfig(DiffusersAdapterConfig):
+class QwenImageAdapterConfig(DiffusersAdapterConfig, CFGOptions):
     """Options of ``[adapter.options]`` for ``name = "qwen_image"``."""
 
     model: str = Field(
@@ -35,10 +32,6 @@ class QwenImageAdapterConfig(DiffusersAdapterConfig):
         description="True classifier-free guidance scale (the pipeline's true_cfg_scale, with its norm "
         "rescaling); 1 = off. Qwen-Image's own sampling uses 4.0 (two passes per step).",
     )
-    cfg_in_training: bool = Field(
-        False,
-        description="Also guide the surrogate's predictions (doubles training cost); needs cfg_scale > 1.",
-    )
     negative_prompt: str = Field(
         " ", description="The unconditional prompt of CFG (the pipeline's examples: ' ')."
     )
@@ -49,19 +42,13 @@ class QwenImageAdapterConfig(DiffusersAdapterConfig):
     )
 
 
-def build_qwen_image_adapter(config: QwenImageAdapterConfig, context: Any) -> Any:
-    """Factory: imports torch and diffusers only when a run builds the adapter."""
-    from vgrpo_adapters.qwen_image.impl import QwenImageAdapter
-
-    return QwenImageAdapter.from_config(config, context)
-
-
-@hookimpl
-def register_adapters(register):  # noqa: ANN001 - the host's Register callable
-    register(
+register_adapters = adapter_hook(
+    __name__,
+    (
         "qwen_image",
-        build_qwen_image_adapter,
+        "vgrpo_adapters.qwen_image.impl:QwenImageAdapter.from_config",
         QwenImageAdapterConfig,
-        summary="Qwen-Image text-to-image (diffusers QwenImagePipeline): transformer trained, VAE + "
+        "Qwen-Image text-to-image (diffusers QwenImagePipeline): transformer trained, VAE + "
         "Qwen2.5-VL frozen, optional true CFG.",
-    )
+    ),
+)

@@ -31,10 +31,15 @@ from typing import Any
 
 import torch
 from diffusers import QwenImagePipeline
-from vgrpo_adapters._diffusers_common import DiffusersFlowAdapter, PromptCache, TrueCFGMixin, static_shift
+from vgrpo_adapters._diffusers_cfg import TrueCFGMixin
+from vgrpo_adapters._diffusers_common import (
+    DiffusersImageAdapter,
+    latent_stats,
+    lora_targets_but_last_block,
+    static_shift,
+)
 
-from vgrpo_platform.protocols import Conditioning, Samples
-from vgrpo_platform.schedules import RectifiedFlowSchedule
+from vgrpo_platform.protocols import Conditioning
 
 DEFAULT_VAE_SCALE = 8
 """Qwen-Image's VAE downsamples 8x spatially (``2 ** len(temperal_downsample)``, the pipeline's
@@ -57,10 +62,11 @@ def trim_text(embeds: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, t
     return embeds[:, :length], None if bool(mask.all()) else mask
 
 
-class QwenImageAdapter(TrueCFGMixin, DiffusersFlowAdapter):
+class QwenImageAdapter(TrueCFGMixin, DiffusersImageAdapter):
     """Qwen-Image MMDiT (trained) + video VAE and Qwen2.5-VL (frozen), optional true CFG."""
 
     pipeline_class = QwenImagePipeline
+    display_name = "Qwen-Image"
     # The Qwen-Image LoRA of verl's Flow-GRPO example (rank 64, alpha 128): both streams' attention
     # projections and MLPs, i.e. every linear layer of the dual-stream blocks except the modulation,
     # less the last block's text-stream outputs (the model discards that block's text states, so LoRA
@@ -79,76 +85,30 @@ class QwenImageAdapter(TrueCFGMixin, DiffusersFlowAdapter):
     LORA_TEXT_OUTPUT: Sequence[str] = ("attn.to_add_out", "txt_mlp.net.0.proj", "txt_mlp.net.2")
     lora_target_modules: Sequence[str] = (*LORA_SHARED, *LORA_TEXT_OUTPUT)  # before __init__ narrows it
 
-    def __init__(  # noqa: PLR0913 - mirrors the config's options
+    def __init__(
         self,
         pipe: QwenImagePipeline,
         *,
-        resolution: int,
-        device: torch.device | str = "cpu",
-        shift: float | None = None,
         max_sequence_length: int = 512,
-        decode_chunk_size: int = 4,
-        cache_text_embeddings: bool = True,
-        text_cache_device: str = "cpu",
-        offload_text_encoders: bool = False,
-        cfg_scale: float = 1.0,
-        cfg_in_training: bool = False,
         negative_prompt: str = " ",
+        **kwargs: Any,
     ) -> None:
-        # The base constructor reads an image VAE's config; this video VAE's differs, so set the same
-        # attributes here (as the wan adapter does) and reuse every other method of the base class.
-        if cfg_scale < 1.0:
-            raise ValueError(f"cfg_scale must be >= 1 (1 = off), got {cfg_scale}")
-        self.pipe = pipe
-        self.device = torch.device(device)
-        self.denoiser = pipe.transformer.to(self.device)
-        self.dtype = self.denoiser.dtype
-        blocks = len(self.denoiser.transformer_blocks)
-        self.lora_target_modules = (
-            *self.LORA_SHARED,
-            *(f"transformer_blocks.{i}.{name}" for i in range(blocks - 1) for name in self.LORA_TEXT_OUTPUT),
+        super().__init__(
+            pipe, max_sequence_length=max_sequence_length, negative_prompt=negative_prompt, **kwargs
         )
-        self.vae = pipe.vae.requires_grad_(False).eval().to(self.device)
-        self.text_encoders = [pipe.text_encoder]
-        self.offload_text_encoders = offload_text_encoders
-        pipe.text_encoder.requires_grad_(False).eval().to("cpu" if offload_text_encoders else self.device)
-        self.vae_scale_factor = int(getattr(pipe, "vae_scale_factor", DEFAULT_VAE_SCALE))
-        self._check_resolution(resolution)
-        self.resolution = resolution
-        self.latent_side = resolution // self.vae_scale_factor
-        self.max_sequence_length = max_sequence_length
-        self.decode_chunk_size = decode_chunk_size
-        shift = shift if shift is not None else qwen_static_shift(pipe.scheduler.config, self.image_seq_len())
-        self.schedule = RectifiedFlowSchedule(shift)
-        cache_device = self.device if text_cache_device == "device" else torch.device("cpu")
-        self.prompt_cache = PromptCache(cache_text_embeddings, cache_device)
-        self.cfg_scale = float(cfg_scale)
-        self.cfg_in_training = cfg_in_training
-        self.negative_prompt = negative_prompt
+        blocks = len(self.denoiser.transformer_blocks)
+        self.lora_target_modules = lora_targets_but_last_block(
+            self.LORA_SHARED, self.LORA_TEXT_OUTPUT, blocks
+        )
         side = self.latent_side // 2
         self.img_shapes = [(1, side, side)]  # one frame of side x side packed tokens, per sample
-        cfg = self.vae.config
-        self._latents_mean = torch.tensor(cfg.latents_mean).view(1, cfg.z_dim, 1, 1, 1)  # [1, C, 1, 1, 1]
-        self._latents_std = torch.tensor(cfg.latents_std).view(1, cfg.z_dim, 1, 1, 1)
+        self._latents_mean, self._latents_std = latent_stats(self.vae.config)  # [1, C, 1, 1, 1] each
 
-    @staticmethod
-    def options_from_config(config: Any) -> dict[str, Any]:
-        return {
-            **DiffusersFlowAdapter.options_from_config(config),
-            "cfg_scale": config.cfg_scale,
-            "cfg_in_training": config.cfg_in_training,
-            "negative_prompt": config.negative_prompt,
-        }
+    def _vae_scale_factor(self) -> int:
+        return int(getattr(self.pipe, "vae_scale_factor", DEFAULT_VAE_SCALE))
 
-    def _check_resolution(self, resolution: int) -> None:
-        step = self.vae_scale_factor * 2  # VAE downsampling x 2x2 packing
-        if resolution % step:
-            raise ValueError(
-                f"Qwen-Image needs a resolution divisible by {step} (VAE factor x 2), got {resolution}"
-            )
-
-    def image_seq_len(self) -> int:
-        return (self.latent_side // 2) ** 2
+    def default_shift(self) -> float:
+        return qwen_static_shift(self.pipe.scheduler.config, self.image_seq_len())
 
     def latent_shape(self) -> tuple[int, ...]:
         channels = int(self.denoiser.config.in_channels) // 4  # packed tokens hold 2x2 patches
@@ -194,11 +154,6 @@ class QwenImageAdapter(TrueCFGMixin, DiffusersFlowAdapter):
         return self.unpack(out)  # [B, C, h, w]
 
     # --------------------------------------------------------------------------------------- CFG
-    def null_conditioning(self, cond: Conditioning, batch: int) -> Conditioning:
-        """The negative prompt's encoding (cached), repeated over the batch."""
-        negative = self.encode_prompts([self.negative_prompt])  # [1, ...]
-        return {k: negative[k].expand(batch, *negative[k].shape[1:]) for k in cond}
-
     def guided_velocity(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
         """The pipeline's true CFG: two calls (each prompt set at its own length), combined, then each
         token's 4C-vector rescaled to the conditional prediction's norm."""
@@ -211,13 +166,9 @@ class QwenImageAdapter(TrueCFGMixin, DiffusersFlowAdapter):
         return self.unpack(combined * scale).to(z.dtype)
 
     # ------------------------------------------------------------------------------------ decode
-    @torch.no_grad()
-    def decode(self, latents: torch.Tensor) -> Samples:
-        """Latents ``[B, C, h, w]`` -> images ``[B, 3, H, W]`` float32 in ``[0, 1]``, in chunks."""
-        images = []
-        for part in latents.split(self.decode_chunk_size):
-            x = part.to(self.device, torch.float32)[:, :, None]  # [b, C, 1, h, w]
-            x = x * self._latents_std.to(x.device) + self._latents_mean.to(x.device)
-            frames = self.vae.decode(x.to(self.vae.dtype), return_dict=False)[0]  # [b, 3, 1, H, W]
-            images.append(frames[:, :, 0].float())  # [b, 3, H, W] in ~[-1, 1]
-        return Samples("image", ((torch.cat(images) + 1) / 2).clamp(0, 1))
+    def _vae_decode(self, part: torch.Tensor) -> torch.Tensor:
+        """Latents ``[b, C, h, w]`` -> images ``[b, 3, H, W]`` through the video VAE (a one-frame axis)."""
+        x = part.to(self.device, torch.float32)[:, :, None]  # [b, C, 1, h, w]
+        x = x * self._latents_std.to(x.device) + self._latents_mean.to(x.device)
+        frames = self.vae.decode(x.to(self.vae.dtype), return_dict=False)[0]  # [b, 3, 1, H, W]
+        return frames[:, :, 0].float()

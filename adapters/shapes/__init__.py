@@ -9,9 +9,9 @@ the heavy modules load in the factory and in the command's body.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from pydantic import Field
+from vgrpo_adapters._entry import adapter_hook
 
 from vgrpo_platform.hookspecs import hookimpl
 from vgrpo_platform.registry import PluginConfig
@@ -22,6 +22,8 @@ WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 
 class Config(PluginConfig):
     """Options of ``[adapter.options]`` for ``name = "shapes"``."""
+
+    # Not shared with toy's or the diffusers configs: alike in shape only (own defaults and descriptions).
 
     model_path: str | None = Field(
         None,
@@ -40,21 +42,15 @@ class Config(PluginConfig):
     )
 
 
-def build(config: Config, context: Any) -> Any:
-    """Factory: imports torch, diffusers and transformers only when a run builds the adapter."""
-    from .impl import load_shapes_adapter
-
-    return load_shapes_adapter(config, context)
-
-
-@hookimpl
-def register_adapters(register):  # noqa: ANN001 - the host's Register callable
-    register(
+register_adapters = adapter_hook(
+    __name__,
+    (
         "shapes",
-        build,
+        "vgrpo_adapters.shapes.impl:load_shapes_adapter",
         Config,
-        summary="Tiny text-to-image flow model pretrained on the shapes world, shipped with vgrpo (CPU).",
-    )
+        "Tiny text-to-image flow model pretrained on the shapes world, shipped with vgrpo (CPU).",
+    ),
+)
 
 
 @hookimpl

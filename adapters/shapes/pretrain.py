@@ -108,19 +108,6 @@ def render_batch(prompts: Sequence[str], rng: np.random.Generator, size: int) ->
     return torch.from_numpy(imgs).permute(0, 3, 1, 2).float().div(127.5).sub(1.0)
 
 
-def encode_with_grad(adapter: ToyAdapter, prompts: Sequence[str]) -> dict[str, torch.Tensor]:
-    """``adapter.encode_prompts`` without its ``no_grad``: the text encoder trains in pretraining."""
-    tokens = adapter.tokenizer(
-        list(prompts),
-        padding="max_length",
-        max_length=adapter.max_prompt_tokens,
-        truncation=True,
-        return_tensors="pt",
-    )
-    out = adapter.text_encoder(input_ids=tokens.input_ids.to(adapter.device))
-    return {"prompt_embeds": out.last_hidden_state, "pooled_prompt_embeds": out.text_embeds}
-
-
 def flow_matching_loss(
     adapter: ToyAdapter, x0: torch.Tensor, prompts: Sequence[str], generator: torch.Generator
 ) -> torch.Tensor:
@@ -129,7 +116,7 @@ def flow_matching_loss(
     t = adapter.schedule.warp(torch.rand(b, generator=generator))  # [B]
     eps = torch.randn(x0.shape, generator=generator)  # [B, 3, R, R]
     z_t = adapter.schedule.noise(x0, eps, t)
-    v = adapter.predict(z_t, t, encode_with_grad(adapter, prompts))
+    v = adapter.predict(z_t, t, adapter.encode_with_grad(prompts))
     return torch.nn.functional.mse_loss(v, eps - x0)
 
 

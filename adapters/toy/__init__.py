@@ -7,11 +7,9 @@ built from configs with a fixed seed, saved, and loaded back through ``from_pret
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import Field
+from vgrpo_adapters._entry import adapter_hook
 
-from vgrpo_platform.hookspecs import hookimpl
 from vgrpo_platform.registry import PluginConfig
 
 
@@ -41,18 +39,12 @@ class ToyAdapterConfig(PluginConfig):
     )
 
 
-def build_toy_adapter(config: ToyAdapterConfig, context: Any) -> Any:
-    """Factory: imports torch, diffusers and transformers only when a run builds the adapter."""
-    from vgrpo_adapters.toy.impl import ToyAdapter
-
-    return ToyAdapter.from_config(config, context)
-
-
-@hookimpl
-def register_adapters(register):  # noqa: ANN001 - the host's Register callable
-    register(
+register_adapters = adapter_hook(
+    __name__,
+    (
         "toy",
-        build_toy_adapter,
+        "vgrpo_adapters.toy.impl:ToyAdapter.from_config",
         ToyAdapterConfig,
-        summary="Tiny pixel-space text-to-image flow model (SD3 MMDiT + CLIP text encoder) for CPU runs.",
-    )
+        "Tiny pixel-space text-to-image flow model (SD3 MMDiT + CLIP text encoder) for CPU runs.",
+    ),
+)

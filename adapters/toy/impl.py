@@ -133,6 +133,10 @@ class ToyAdapter:
     def encode_prompts(self, prompts: Sequence[str]) -> Conditioning:
         """``prompt_embeds`` ``[B, S, D]`` (per-token, joint attention) and ``pooled_prompt_embeds``
         ``[B, D]`` (projected EOS state, added to the timestep embedding), as in SD3."""
+        return self.encode_with_grad(prompts)
+
+    def encode_with_grad(self, prompts: Sequence[str]) -> Conditioning:
+        """``encode_prompts`` without its ``no_grad``: the text encoder trains in pretraining."""
         tokens = self.tokenizer(
             list(prompts),
             padding="max_length",

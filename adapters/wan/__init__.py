@@ -9,55 +9,31 @@ loading; ``cfg_scale_2`` and ``train_experts`` apply to them (docs/adapters.md).
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Literal
 
 from pydantic import Field, model_validator
-from vgrpo_adapters._diffusers_options import DiffusersAdapterConfig
+from vgrpo_adapters._diffusers_options import CFGOptions, DiffusersVideoConfig
+from vgrpo_adapters._entry import adapter_hook
 
-from vgrpo_platform.hookspecs import hookimpl
 
-
-class WanAdapterConfig(DiffusersAdapterConfig):
+class WanAdapterConfig(DiffusersVideoConfig, CFGOptions):
     """Options of ``[adapter.options]`` for ``name = "wan"``."""
-
-    modality: ClassVar[str] = "video"
 
     model: str = Field(
         "Wan-AI/Wan2.1-T2V-1.3B-Diffusers",
         description="Hub id or local folder of a Wan 2.1 or 2.2 (two-expert) text-to-video pipeline in the "
         "diffusers layout.",
     )
-    resolution: int | None = Field(
-        None,
-        ge=16,
-        multiple_of=16,
-        description="Shorthand for square frames (sets height and width); null = use height and width.",
-    )
-    height: int = Field(480, ge=16, multiple_of=16, description="Frame height in pixels (multiple of 16).")
     width: int = Field(832, ge=16, multiple_of=16, description="Frame width in pixels (multiple of 16).")
-    num_frames: int = Field(
-        33, ge=1, description="Frames per clip; 4k + 1 (the VAE keeps the first frame, then compresses 4:1)."
-    )
     fps: float = Field(16.0, gt=0, description="Frame rate the clips are written and scored at (Wan: 16).")
     max_sequence_length: int = Field(
         512, ge=1, le=512, description="UMT5 tokens per prompt (Wan's default 512; longer ones are cut)."
-    )
-    decode_chunk_size: int = Field(
-        1, ge=1, description="Clips the VAE decodes at once (a clip's decoder activations are large)."
-    )
-    vae_tiling: bool = Field(
-        False, description="Decode each clip in overlapping spatial tiles (bounds memory at high resolution)."
     )
     cfg_scale: float = Field(
         1.0,
         ge=1.0,
         description="True classifier-free guidance scale; 1 = off. Wan's own sampling uses 5.0 (two passes).",
     )
-    cfg_in_training: bool = Field(
-        False,
-        description="Also guide the surrogate's predictions (doubles training cost); needs cfg_scale > 1",
-    )
-    negative_prompt: str = Field("", description="The unconditional prompt of CFG.")
     cfg_scale_2: float | None = Field(
         None,
         ge=1.0,
@@ -72,29 +48,19 @@ class WanAdapterConfig(DiffusersAdapterConfig):
     )
 
     @model_validator(mode="after")
-    def _frames_fit_the_vae(self) -> WanAdapterConfig:
-        if (self.num_frames - 1) % 4:
-            raise ValueError(
-                f"num_frames must be 4k + 1 (the VAE compresses time 4:1), got {self.num_frames}"
-            )
+    def _experts_listed_once(self) -> WanAdapterConfig:
         if self.train_experts is not None and len(set(self.train_experts)) != len(self.train_experts):
             raise ValueError(f"train_experts lists an expert twice: {self.train_experts}")
         return self
 
 
-def build_wan_adapter(config: WanAdapterConfig, context: Any) -> Any:
-    """Factory: imports torch and diffusers only when a run builds the adapter."""
-    from vgrpo_adapters.wan.impl import WanAdapter
-
-    return WanAdapter.from_config(config, context)
-
-
-@hookimpl
-def register_adapters(register):  # noqa: ANN001 - the host's Register callable
-    register(
+register_adapters = adapter_hook(
+    __name__,
+    (
         "wan",
-        build_wan_adapter,
+        "vgrpo_adapters.wan.impl:WanAdapter.from_config",
         WanAdapterConfig,
-        summary="Wan 2.1 / 2.2 text-to-video (diffusers): 3D DiT (Wan 2.2: its two experts) trained, "
+        "Wan 2.1 / 2.2 text-to-video (diffusers): 3D DiT (Wan 2.2: its two experts) trained, "
         "video VAE + UMT5 frozen, optional CFG.",
-    )
+    ),
+)

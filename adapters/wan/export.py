@@ -13,11 +13,16 @@ An expert that was not trained has no folder: the base model's weights are the o
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from vgrpo_adapters._diffusers_common import EXPORT_INFO
+from vgrpo_adapters._diffusers_export import (
+    base_model_name,
+    lora_layers,
+    lora_metadata,
+    save_diffusers_lora,
+    write_export_info,
+)
 
 from vgrpo_platform.finetune import uses_lora
 
@@ -29,26 +34,17 @@ def export_experts(adapter: Any, out: Path) -> None:
     """Write each trained expert of ``adapter.experts`` under ``out`` and ``vgrpo_export.json`` beside it."""
     experts = adapter.experts
     out.mkdir(parents=True, exist_ok=True)
-    base = getattr(adapter.pipe, "name_or_path", None) or "<base model>"
+    base = base_model_name(adapter.pipe)
     pipe_cls = adapter.pipeline_class.__name__
     if uses_lora(experts):
-        from peft.utils import get_peft_model_state_dict
-
-        state = get_peft_model_state_dict(experts)  # keys "high.blocks...", "low.blocks..."
-        peft_config = getattr(experts, "peft_config", {}).get("default")
-        metadata = peft_config.to_dict() if peft_config is not None else None
+        state = lora_layers(experts)  # keys "high.blocks...", "low.blocks..."
+        metadata = lora_metadata(experts)
         loads = [f"pipe = {pipe_cls}.from_pretrained('{base}')"]
         for name in experts.trained:
             prefix = f"{name}."
-            layers = {
-                k.removeprefix(prefix): v.detach().to("cpu").contiguous()
-                for k, v in state.items()
-                if k.startswith(prefix)
-            }
+            layers = {k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)}
             folder = out / COMPONENT[name]
-            adapter.pipeline_class.save_lora_weights(
-                folder, transformer_lora_layers=layers, transformer_lora_adapter_metadata=metadata
-            )
+            save_diffusers_lora(adapter.pipeline_class, folder, layers, metadata)
             into = ", load_into_transformer_2=True" if name == "low" else ""
             loads.append(f"pipe.load_lora_weights('{folder}'{into})")
         info: dict[str, Any] = {"kind": "lora", "load": "; ".join(loads)}
@@ -68,4 +64,4 @@ def export_experts(adapter: Any, out: Path) -> None:
         trained_experts={name: COMPONENT[name] for name in experts.trained},
         boundary_timestep=experts.boundary_timestep,
     )
-    (out / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n")
+    write_export_info(out, info)

@@ -64,10 +64,11 @@ def check_adapter(
         assert config is not None, "pass config= (the factory's PluginConfig) with a factory"
         return adapter(config, context)
 
-    def first() -> None:
+    def attributes() -> None:
         state["adapter"] = build()
+        _adapter_attributes(state["adapter"], config)
 
-    run("attributes", lambda: (first(), _adapter_attributes(state["adapter"], config))[1])
+    run("attributes", attributes)
     a = state.get("adapter")
     if a is None:  # nothing else can run
         return run.finish()
@@ -83,7 +84,11 @@ def check_adapter(
         state["x0"] = torch.randn((batch, *shape), generator=gen).clamp(-1, 1).to(device)  # [B, *L]
         state["t"] = torch.rand(batch, generator=gen).mul(0.9).add(0.05).to(device)  # [B] in (0, 1)
 
-    run("latent_shape", lambda: (_latent_shape(a), inputs())[1], needs=["attributes"])
+    def latent_shape() -> None:
+        _latent_shape(a)
+        inputs()
+
+    run("latent_shape", latent_shape, needs=["attributes"])
     run("schedule", lambda: _schedule(a, state, atol), needs=["latent_shape"])
     run("encode_prompts", lambda: _encode(a, prompts, group, state), needs=["attributes"])
     need_io = ["latent_shape", "schedule", "encode_prompts"]
@@ -414,7 +419,9 @@ def _gradients_lora(adapter: Any, state: dict[str, Any]) -> None:
         f"LoRA layers predict never uses (no gradient): {', '.join(unreached[:5])}; drop them from "
         "lora_target_modules"
     )
-    assert any(bool(p.grad.abs().sum() > 0) for p in params), "every LoRA gradient is zero"
+    assert any(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in params), (
+        "every LoRA gradient is zero"
+    )
     base = [n for n, p in adapter.denoiser.named_parameters() if "lora_" not in n and p.grad is not None]
     assert not base, f"frozen base weights of the denoiser got gradients: {', '.join(base[:5])}"
     leaks = _frozen_leaks(adapter)

@@ -1,0 +1,93 @@
+"""Writing a diffusers-backed adapter's trained weights in a layout its pipeline (or peft) loads back.
+
+The steps every export shares (LoRA state on the CPU, its peft metadata, the ``save_pretrained`` of full
+fine-tuning, the ``vgrpo_export.json`` note) live here once; ``TransformerExport`` leaves each adapter
+only what differs: which LoRA saver and load hint (``_save_lora``), and which facts the note records.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vgrpo_platform.finetune import uses_lora
+
+EXPORT_INFO = "vgrpo_export.json"
+"""Written beside the exported weights: what they are and how to load them."""
+
+
+def lora_layers(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The LoRA weights peft injected into ``module``, detached, on the CPU and contiguous (safetensors)."""
+    from peft.utils import get_peft_model_state_dict
+
+    return {k: v.detach().to("cpu").contiguous() for k, v in get_peft_model_state_dict(module).items()}
+
+
+def lora_metadata(module: torch.nn.Module) -> dict[str, Any] | None:
+    """The default adapter's ``LoraConfig`` as a dict (rank, alpha, targets), or None without one."""
+    peft_config = getattr(module, "peft_config", {}).get("default")
+    return peft_config.to_dict() if peft_config is not None else None
+
+
+def save_diffusers_lora(
+    saver: Any, out: Path, layers: dict[str, torch.Tensor], metadata: dict[str, Any] | None
+) -> None:
+    """``pytorch_lora_weights.safetensors`` via a diffusers LoRA loader mixin (rank, alpha as metadata)."""
+    saver.save_lora_weights(out, transformer_lora_layers=layers, transformer_lora_adapter_metadata=metadata)
+
+
+def base_model_name(pipe: Any) -> str:
+    """What the exported weights apply to: the pipeline's hub id or folder, when it knows it."""
+    return getattr(pipe, "name_or_path", None) or "<base model>"
+
+
+def write_export_info(out: Path, info: dict[str, Any]) -> None:
+    (out / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n")
+
+
+class TransformerExport:
+    """``export_trained`` for an adapter whose ``denoiser`` is the pipeline's ``transformer``.
+
+    LoRA: ``pytorch_lora_weights.safetensors`` that ``pipe.load_lora_weights(out_dir)`` reads (rank and
+    alpha in its metadata). Full fine-tuning: ``out_dir/transformer`` via ``save_pretrained``. Expects
+    ``pipe``, ``pipeline_class``, ``denoiser``, ``resolution`` and ``schedule`` on the adapter.
+    """
+
+    pipe: Any
+    pipeline_class: type
+    denoiser: Any
+    resolution: Any
+    schedule: Any
+
+    def export_trained(self, out_dir: str | Path) -> None:
+        """Write the trained weights and ``vgrpo_export.json`` (what they are, how to load them)."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        base = base_model_name(self.pipe)
+        if uses_lora(self.denoiser):
+            info = {"kind": "lora", "load": self._save_lora(out, base)}
+        else:
+            self.denoiser.save_pretrained(out / "transformer")
+            info = {"kind": "full", "load": self._full_load_hint(out / "transformer")}
+        info.update(base_model=base, **self._export_facts())
+        write_export_info(out, info)
+
+    def _save_lora(self, out: Path, base: str) -> str:
+        """Write the LoRA under ``out``; returns how to load it."""
+        save_diffusers_lora(
+            self.pipeline_class, out, lora_layers(self.denoiser), lora_metadata(self.denoiser)
+        )
+        return f"{self.pipeline_class.__name__}.from_pretrained('{base}').load_lora_weights('{out}')"
+
+    def _full_load_hint(self, folder: Path) -> str:
+        return (
+            f"{type(self.denoiser).__name__}.from_pretrained('{folder}')"
+            " then pass transformer=... to the pipeline's from_pretrained"
+        )
+
+    def _export_facts(self) -> dict[str, Any]:
+        """What the note records besides the base model: the size trained at and the timestep shift."""
+        return {"resolution": self.resolution, "shift": self.schedule.shift}

@@ -1,0 +1,265 @@
+"""Set-up and checks the diffusers adapter tests share (flux, flux2, sd3, qwen_image, wan, hunyuan, audio).
+
+Each adapter's test module says what is particular to its model (configs, tolerances, how a LoRA loads
+back); the steps every one of them repeats (a registry of some plugins, a LoRA with non-zero ``B``, the
+trained / base / reloaded prediction comparison, the full fine-tuning export, the CPU run overrides and
+the finished run's records) are written once here. ``conftest.py`` builds a module's tiny pipeline and
+adapter from its ``TINY_PIPELINE``, ``ADAPTER`` and ``config``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from vgrpo_adapters._diffusers_common import EXPORT_INFO, ModelWeightsError
+
+from vgrpo_platform import finetune
+from vgrpo_platform.cli.sample import sample_to_folder
+from vgrpo_platform.host.plugins import build_plugin_manager, collect_components
+from vgrpo_platform.protocols import Adapter, BuildContext, SamplerSpec
+from vgrpo_platform.training.metrics import read_metrics
+
+
+def adapter_from_config(adapter_class: type, config: Any) -> Any:
+    """What the adapter's factory does with ``config`` in a default (CPU) build context."""
+    return adapter_class.from_config(config, BuildContext())
+
+
+def registry_of(*plugins: Any) -> Any:
+    """A registry of exactly these plugin modules (no installed entry points)."""
+    return collect_components(build_plugin_manager(load_entry_points=False, extra_plugins=list(plugins)))
+
+
+def reward_plugin_or_skip(name: str) -> Any:
+    """``vgrpo_rewards.<name>``, or skip the test while that reward plugin is not written yet."""
+    try:
+        module = importlib.import_module(f"vgrpo_rewards.{name}")
+    except ImportError:
+        module = None
+    if not hasattr(module, "register_rewards"):
+        pytest.skip(f"reward plugin {name} is not written yet")
+    return module
+
+
+def assert_registered(entry: Any, name: str, config: Any, adapter_class: type) -> Any:
+    """``name`` is registered by ``entry`` with ``config``'s class, every option is documented, the
+    registry builds an ``adapter_class`` from the dumped options, and importing ``entry`` loads no torch.
+    Returns the built adapter for the caller's own checks."""
+    config_class = type(config)
+    registry = registry_of(entry)
+    assert registry.get("adapter", name).config is config_class
+    assert all(field.description for field in config_class.model_fields.values())
+    built = registry.build("adapter", name, config.model_dump(), BuildContext())
+    assert isinstance(built, adapter_class) and isinstance(built, Adapter)
+    code = f"import {entry.__name__}, sys; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+    return built
+
+
+def seeded_noise(shape: tuple[int, ...], batch: int, seed: int = 0, dtype: torch.dtype = torch.float32):  # noqa: ANN201
+    """``[batch, *shape]`` standard normal noise from its own seeded generator."""
+    return torch.randn(batch, *shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+# ------------------------------------------------------------------------------------------ export
+
+
+def attach_trained_lora(
+    adapter: Any, rank: int = 4, alpha: int = 8, std: float = 0.05, module: Any = None
+) -> None:
+    """LoRA on the adapter's targets with ``B != 0`` (seeded per parameter name): a "trained" LoRA whose
+    export must change the predictions. ``module`` defaults to ``adapter.denoiser``."""
+    module = adapter.denoiser if module is None else module
+    finetune.attach_lora(module, rank=rank, alpha=alpha, target_modules=adapter.lora_target_modules)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, std, generator=torch.Generator().manual_seed(len(name)))
+
+
+def export_lora(adapter: Any, out: Path) -> str:
+    """Export the adapter's LoRA to ``out``: the diffusers weights file and the export note are there.
+    Returns the note's text."""
+    adapter.export_trained(out)
+    assert (out / "pytorch_lora_weights.safetensors").is_file()
+    return (out / EXPORT_INFO).read_text()
+
+
+def assert_reload_matches(
+    adapter: Any,
+    fresh: Any,
+    load: Callable[[], None],
+    z: torch.Tensor,
+    t: torch.Tensor,
+    cond: dict[str, torch.Tensor],
+    *,
+    atol: float,
+    rtol: float,
+    moved: float = 1e-3,
+) -> None:
+    """``fresh`` (the base model) predicts differently (by more than ``moved``) from the trained ``adapter``
+    until ``load()`` puts the exported weights into it, and then the same."""
+    with torch.no_grad():
+        trained, base = adapter.predict(z, t, cond), fresh.predict(z, t, cond)
+        load()
+        loaded = fresh.predict(z, t, cond)
+    assert (trained - base).abs().max() > moved  # training moved the policy
+    torch.testing.assert_close(loaded, trained, atol=atol, rtol=rtol)
+
+
+def assert_exported_lora_reloads(
+    adapter: Any,
+    out: Path,
+    prompts: Sequence[str],
+    z: torch.Tensor,
+    t: torch.Tensor,
+    make_fresh: Callable[[], Any],
+) -> None:
+    """A "trained" LoRA exported to ``out`` and loaded by the pipeline's ``load_lora_weights`` into a fresh
+    adapter (``make_fresh()``, built after the export) gives the trained predictions; rank and alpha come
+    from the file's metadata."""
+    attach_trained_lora(adapter)
+    export_lora(adapter, out)
+    cond = adapter.encode_prompts(prompts)
+    fresh = make_fresh()
+    load = partial(fresh.pipe.load_lora_weights, out)
+    assert_reload_matches(adapter, fresh, load, z, t, cond, atol=1e-6, rtol=1e-5)
+
+
+def assert_full_export_reloads(adapter: Any, out: Path) -> None:
+    """Full fine-tuning exports ``out/transformer`` that ``from_pretrained`` reads back with the edit."""
+    finetune.enable_full_finetune(adapter.denoiser)
+    with torch.no_grad():
+        adapter.denoiser.proj_out.weight.add_(0.1)
+    adapter.export_trained(out)
+    reloaded = type(adapter.denoiser).from_pretrained(out / "transformer")
+    torch.testing.assert_close(reloaded.proj_out.weight, adapter.denoiser.proj_out.weight)
+
+
+# ------------------------------------------------------------------------------------------- runs
+
+
+def cpu_run(tmp_path: Path, *extra: str) -> list[str]:
+    """The recipe overrides of a quiet float32 CPU run writing under ``tmp_path``."""
+    return [
+        "run.device=cpu",
+        "run.mixed_precision=no",
+        *extra,
+        f'run.output_dir="{tmp_path}"',
+        "log.progress=none",
+    ]
+
+
+def brightness_run(model: Path, tmp_path: Path, *options: str) -> list[str]:
+    """Overrides of a CPU run of the tiny pipeline in ``model`` (``options``: more adapter options) scored
+    by the toy brightness reward."""
+    return [f'adapter.options.model="{model}"', *options, 'rewards.0={name="brightness"}', *cpu_run(tmp_path)]
+
+
+def two_iterations(group_size: int = 2, steps: int = 3, micro_batch_size: int = 4) -> list[str]:
+    """Overrides of the two short LoRA iterations the end-to-end recipe tests run (two prompts each)."""
+    return [
+        f"rollout.group_size={group_size}",
+        "rollout.prompts_per_iteration=2",
+        f"rollout.steps={steps}",
+        "train.iterations=2",
+        f"train.micro_batch_size={micro_batch_size}",
+        "train.lr=1e-2",
+        "train.lora_rank=4",
+    ]
+
+
+def learning_run(samples_per_prompt: int, *train: str) -> list[str]:
+    """The overrides of the short runs that must move a held-out reward: one prompt, groups of 8, four
+    iterations evaluated before and after on the same seeds (``train`` adds train.* settings)."""
+    return [
+        "log.save_grids=false",
+        "rollout.group_size=8",
+        "rollout.prompts_per_iteration=1",
+        "rollout.steps=2",
+        "train.iterations=4",
+        "train.micro_batch_size=8",
+        "train.lr=1e-2",
+        "train.lora_rank=4",
+        *train,
+        "eval.every=0",
+        f"eval.samples_per_prompt={samples_per_prompt}",
+        "eval.max_prompts=1",
+    ]
+
+
+def records_of(run_dir: Path, kind: str) -> list[dict[str, Any]]:
+    """The run's metrics records of one kind (``train`` or ``eval``)."""
+    return [rec for rec in read_metrics(run_dir / "metrics.jsonl") if rec["kind"] == kind]
+
+
+def assert_trained(run_dir: Path, iterations: int) -> list[dict[str, Any]]:
+    """Every iteration wrote a train record with a finite loss; returns the records."""
+    records = records_of(run_dir, "train")
+    assert [rec["iteration"] for rec in records] == list(range(1, iterations + 1))
+    assert all(math.isfinite(rec["loss"]) for rec in records)
+    return records
+
+
+def assert_lora_moved(adapter: Any) -> None:
+    """The LoRA ``B`` matrices (zero at the start) were updated."""
+    lora_b = [p for n, p in adapter.denoiser.named_parameters() if "lora_B" in n]
+    assert lora_b and max(p.abs().max().item() for p in lora_b) > 0
+
+
+def assert_eval_gain(run_dir: Path, iterations: int, margin: float) -> None:
+    """The held-out reward rose by more than ``margin`` from iteration 0 to ``iterations``."""
+    evals = records_of(run_dir, "eval")
+    assert [rec["iteration"] for rec in evals] == [0, iterations]
+    before, after = evals[0]["reward"], evals[-1]["reward"]
+    assert after > before + margin, (before, after)
+
+
+def assert_checkpoint_samples(
+    resolved: Any, adapter: Any, run_dir: Path, out_dir: Path, latent: tuple[int, ...], sampler: SamplerSpec
+) -> torch.Tensor:
+    """``vgrpo sample --checkpoint RUN_DIR`` generates with the trained weights: the image it writes for
+    "a red cat" is the trained ``adapter``'s from the same noise (seed 0). Returns it ``[H, W, 3]``."""
+    files = sample_to_folder(resolved, out_dir=out_dir, checkpoint=run_dir, prompts=["a red cat"])
+    expected_noise = torch.randn(1, *latent, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        latents = adapter.sample(expected_noise, adapter.encode_prompts(["a red cat"]), sampler)
+    expected = (adapter.decode(latents).data[0] * 255).round().permute(1, 2, 0)
+    written = torch.from_numpy(np.array(Image.open(files[0]))).float()
+    assert (written - expected).abs().max() <= 1
+    return written
+
+
+# -------------------------------------------------------------------------------------- real models
+
+
+def cuda_adapter_or_skip(adapter_class: type, config: Any) -> Any:
+    """The adapter on CUDA from ``config``, or skip the test without a GPU or the model's weights."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    try:
+        return adapter_class.from_config(config, BuildContext(device="cuda"))
+    except ModelWeightsError as exc:
+        pytest.skip(str(exc))
+
+
+def assert_lora_rollout_and_gradient_on_cuda(adapter: Any, sampler: SamplerSpec) -> None:
+    """A LoRA rollout decodes a 512 px image with content, and a loss reaches the trained parameters."""
+    finetune.attach_lora(adapter.denoiser, rank=8, alpha=16, target_modules=adapter.lora_target_modules)
+    cond = adapter.encode_prompts(["a photo of a cat"])
+    z = torch.randn(1, *adapter.latent_shape(), device="cuda")
+    image = adapter.decode(adapter.sample(z, cond, sampler)).data
+    assert image.shape == (1, 3, 512, 512) and image.std() > 0.05
+    adapter.predict(z, torch.tensor([0.5], device="cuda"), cond).float().square().mean().backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in adapter.denoiser.parameters())

@@ -1,0 +1,294 @@
+"""Flow-GRPO (and MixGRPO): the denoising chain as an MDP, one Gaussian action per SDE step.
+
+``rollout`` replaces the adapter's ODE sampler: it integrates the SDE of ``vgrpo_platform.algo.sde`` on
+the Euler grid of the adapter's shifted schedule and records the trajectory and each step's
+log-probability under the rollout (old) policy. ``loss`` recomputes the step means with gradients on
+the stored trajectory and takes a per-step PPO-clip objective, plus the KL of each step to the frozen
+(LoRA-disabled) reference. With ``window_size`` set (MixGRPO) only a window of consecutive steps is
+stochastic and trained; the window moves every ``window_shift_every`` iterations. The same options
+give DanceGRPO (``diffusion = "constant"``, ``shared_initial_noise``, ``train_fraction``: each sample
+trains its own random subset of the steps) and Flow-GRPO-Fast (``window_placement = "random"``: a
+short SDE branch at a random early step); see ``surrogates/plugin.py`` and docs/method.md section 6.
+
+``batch.extras`` keys (batch-first): ``"trajectory"`` ``[B, T+1, *L]`` (at least float32), ``"timesteps"``
+``[B, T+1]``, ``"old_log_prob"`` ``[B, T]``, ``"sde_mask"`` ``[B, T]`` (1 where the step is an SDE
+step), and written by ``prepare``: ``"train_mask"`` ``[B, T]`` (1 where the sample trains the step)
+and with ``kl_beta > 0`` ``"ref_mean"`` ``[B, T, *L]``.
+
+Memory: ``loss`` keeps the graph of every trained step of the micro-batch at once (one backward per
+micro-batch, as the surrogate contract has it); MixGRPO's window bounds that to ``window_size``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vgrpo_platform.algo import sde
+from vgrpo_platform.algo.surrogates.configs import FlowGRPOConfig
+from vgrpo_platform.protocols import Adapter, Conditioning, RolloutBatch, SamplerSpec, SurrogateBase
+
+
+def euler_grid(
+    adapter: Adapter, steps: int, device: torch.device | str, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """``[T+1]`` times from 1 to 0: the shifted Euler grid of ``vgrpo_platform.sampling``."""
+    u = torch.linspace(1.0, 0.0, steps + 1, dtype=torch.float64)
+    return adapter.schedule.warp(u).to(device=device, dtype=dtype)
+
+
+def window_mask(steps: int, window_size: int | None, start: int) -> torch.Tensor:
+    """``[T]`` bool: which steps are SDE steps. ``None`` = all of them (Flow-GRPO)."""
+    mask = torch.zeros(steps, dtype=torch.bool)
+    if window_size is None or window_size >= steps:
+        mask[:] = True
+    else:
+        mask[start : start + window_size] = True
+    return mask
+
+
+def window_start(iteration: int, steps: int, cfg: FlowGRPOConfig) -> int:
+    """MixGRPO: the window's first step at (1-based) ``iteration``; it wraps back to step 0 at the end."""
+    if cfg.window_size is None or cfg.window_size >= steps:
+        return 0
+    positions = steps - cfg.window_size + 1
+    return ((max(iteration, 1) - 1) // cfg.window_shift_every * cfg.window_stride) % positions
+
+
+def random_window_start(steps: int, cfg: FlowGRPOConfig, generator: torch.Generator) -> int:
+    """Flow-GRPO-Fast: a uniform start in ``[0, end - window_size]``, ``end = int(window_range * steps)``.
+
+    Flow-GRPO's ``random.randint(range[0], range[1] - size)`` with ``range = (0, end)``; ``end`` is
+    raised to ``window_size`` when the range is shorter than the window.
+    """
+    if cfg.window_size is None or cfg.window_size >= steps:
+        return 0
+    end = min(max(int(cfg.window_range * steps), cfg.window_size), steps)
+    return int(torch.randint(0, end - cfg.window_size + 1, (), generator=generator))
+
+
+def trainable_steps(sde_mask: torch.Tensor, train_last_step: bool) -> torch.Tensor:
+    """``[..., T]`` bool: the SDE steps a sample may train (the last step of the chain left out if asked)."""
+    mask = sde_mask > 0
+    if not train_last_step:
+        mask = mask.clone()
+        mask[..., -1] = False
+    return mask
+
+
+def random_step_subset(candidates: torch.Tensor, fraction: float, generator: torch.Generator) -> torch.Tensor:
+    """DanceGRPO: per row, a uniform random subset of ``int(fraction * n)`` of its ``n`` candidate steps.
+
+    ``candidates`` ``[N, T]`` bool -> ``[N, T]`` bool. DanceGRPO permutes each sample's steps and trains
+    the first ``int(n * timestep_fraction)``; ranking uniform keys is the same law, in one draw.
+    """
+    keys = torch.rand(candidates.shape, generator=generator, device=generator.device).to(candidates.device)
+    keys = keys.masked_fill(~candidates, 2.0)  # non-candidates rank last
+    n = candidates.sum(dim=1)  # [N]
+    keep = (n.to(torch.float64) * fraction).floor().long()  # [N]
+    rank = keys.argsort(dim=1).argsort(dim=1)  # [N, T], 0 = smallest key
+    return rank < keep[:, None]
+
+
+class FlowGRPOSurrogate(SurrogateBase):
+    """The ``flow_grpo`` surrogate; see ``FlowGRPOConfig``."""
+
+    owns_rollout = True  # its SDE rollout records the per-step log-probs the loss needs
+
+    def __init__(self, config: FlowGRPOConfig | None = None) -> None:
+        self.config = config if config is not None else FlowGRPOConfig()
+        self.iteration = 1
+        self._random_start: int | None = None  # Flow-GRPO-Fast's branch step of this iteration
+        # "group": one initial noise per prompt group (``rollout.generate_with_extras`` noise_scope)
+        self.initial_noise = "group" if self.config.shared_initial_noise else "sample"
+
+    def begin_iteration(self, iteration: int) -> None:
+        """Called by the loop before each rollout: places MixGRPO's window (resume-exact)."""
+        self.iteration = iteration
+        self._random_start = None
+
+    def _window(self, steps: int, generator: torch.Generator) -> torch.Tensor:
+        """``[T]`` bool SDE steps of this rollout; a random branch is drawn once per iteration."""
+        cfg = self.config
+        if cfg.window_placement == "random":
+            if self._random_start is None:
+                self._random_start = random_window_start(steps, cfg, generator)
+            start = self._random_start
+        else:
+            start = window_start(self.iteration, steps, cfg)
+        return window_mask(steps, cfg.window_size, start)
+
+    def _step_stats(
+        self,
+        adapter: Adapter,
+        z: torch.Tensor,
+        t: torch.Tensor,
+        t_next: torch.Tensor,
+        t_cap: torch.Tensor,
+        cond: Conditioning,
+        model_dtype: torch.dtype,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(mean [B, *L], step std [B], s [B])`` of one SDE step from ``z`` ``[B, *L]`` (float32)."""
+        v = adapter.predict(z.to(model_dtype), t, cond).to(z.dtype)  # [B, *L]
+        if self.config.diffusion == "constant":
+            s = sde.constant_diffusion(t, self.config.noise_level)  # [B], DanceGRPO
+        else:
+            s = sde.sde_diffusion(t, self.config.noise_level, t_cap=t_cap)  # [B]
+        mean = sde.sde_step_mean(z, v, t, t_next, s)
+        return mean, sde.step_std(s, t, t_next), s
+
+    @torch.no_grad()
+    def rollout(
+        self,
+        adapter: Adapter,
+        noise: torch.Tensor,
+        cond: Conditioning,
+        sampler: SamplerSpec,
+        generator: torch.Generator,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """SDE rollout from ``noise`` ``[B, *L]``: ``(clean latents [B, *L], extras)``.
+
+        Step noise is drawn on ``generator``'s device and moved, so a seed reproduces a rollout anywhere.
+        """
+        b, steps, device = noise.shape[0], sampler.steps, noise.device
+        latent_ndim = noise.ndim - 1
+        z = noise.to(torch.promote_types(noise.dtype, torch.float32))  # [B, *L], float32 at least
+        grid = euler_grid(adapter, steps, device, z.dtype)  # [T+1]
+        t_cap = grid[1].expand(b)  # Flow-GRPO's stand-in for t = 1 in s(t)
+        mask = self._window(steps, generator)
+        trajectory, log_probs = [z], []
+        for i in range(steps):
+            t, t_next = grid[i].expand(b), grid[i + 1].expand(b)
+            if mask[i]:
+                mean, std, _ = self._step_stats(adapter, z, t, t_next, t_cap, cond, noise.dtype)
+                eps = torch.randn(z.shape, generator=generator, device=generator.device).to(device, z.dtype)
+                z = mean + std.reshape(b, *(1,) * latent_ndim) * eps
+                log_probs.append(sde.gaussian_log_prob(z, mean, std, latent_ndim))
+            else:
+                v = adapter.predict(z.to(noise.dtype), t, cond).to(z.dtype)
+                z = sde.ode_step(z, v, t, t_next)
+                log_probs.append(torch.zeros(b, device=device, dtype=z.dtype))
+            trajectory.append(z)
+        extras = {
+            "trajectory": torch.stack(trajectory, dim=1),  # [B, T+1, *L]
+            "timesteps": grid.expand(b, steps + 1).clone(),  # [B, T+1]
+            "old_log_prob": torch.stack(log_probs, dim=1),  # [B, T]
+            "sde_mask": mask.to(device=device, dtype=torch.float32).expand(b, steps).clone(),  # [B, T]
+        }
+        return z.to(noise.dtype), extras
+
+    def prepare(self, batch: RolloutBatch, adapter: Adapter, generator: torch.Generator) -> None:
+        """Checks the rollout's extras, picks the steps each sample trains (``train_mask``) and, with
+        ``kl_beta > 0``, stores the reference's step means on them.
+
+        With ``train_fraction < 1`` the subsets are drawn for the global batch (a data-parallel rank keeps
+        its rows), so every rank's generator stays in step; otherwise nothing is drawn.
+        """
+        missing = {"trajectory", "timesteps", "old_log_prob", "sde_mask"} - set(batch.extras)
+        if missing:
+            raise ValueError(
+                f"flow_grpo needs its own SDE rollout (extras {sorted(missing)} missing): "
+                "the loop must call the surrogate's rollout() instead of adapter.sample"
+            )
+        cfg = self.config
+        candidates = trainable_steps(batch.extras["sde_mask"], cfg.train_last_step)  # [B, T]
+        if cfg.train_fraction < 1.0:
+            n_rows = len(batch) if batch.rows is None else len(batch.rows.global_group_ids)
+            every = candidates[:1].expand(n_rows, -1)  # the SDE steps are the same for every row
+            chosen = random_step_subset(every, cfg.train_fraction, generator)  # [N, T]
+            candidates = chosen if batch.rows is None else batch.rows.local(chosen, len(batch))
+        batch.extras["train_mask"] = candidates.to(torch.float32)
+        if cfg.kl_beta <= 0:
+            return
+        from vgrpo_platform.finetune import reference_mode
+
+        traj, grid = batch.extras["trajectory"], batch.extras["timesteps"]
+        means = torch.zeros_like(traj[:, :-1])  # [B, T, *L]
+        with torch.no_grad(), reference_mode(adapter):
+            for j, rows in self._trained_rows(batch):
+                means[rows, j] = self._step_stats(
+                    adapter,
+                    traj[rows, j],
+                    grid[rows, j],
+                    grid[rows, j + 1],
+                    grid[rows, 1],
+                    _rows_of(batch.cond, rows),
+                    batch.latents.dtype,
+                )[0]
+        batch.extras["ref_mean"] = means
+
+    def _train_mask(self, batch: RolloutBatch) -> torch.Tensor:
+        """``[B, T]`` bool; without ``prepare`` (direct calls) every trainable SDE step."""
+        if "train_mask" in batch.extras:
+            return batch.extras["train_mask"] > 0
+        return trainable_steps(batch.extras["sde_mask"], self.config.train_last_step)
+
+    def _trained_rows(self, batch: RolloutBatch) -> list[tuple[int, torch.Tensor | slice]]:
+        """``(step j, rows that train it)`` for every step some row trains; ``slice(None)`` = all rows."""
+        mask = self._train_mask(batch)
+        out: list[tuple[int, torch.Tensor | slice]] = []
+        for j in torch.nonzero(mask.any(dim=0)).flatten().tolist():
+            column = mask[:, j]
+            out.append((j, slice(None) if bool(column.all()) else torch.nonzero(column).flatten()))
+        return out
+
+    def loss(self, batch: RolloutBatch, adapter: Adapter) -> tuple[torch.Tensor, dict[str, float]]:
+        """Mean over trained (sample, step) pairs of ``max(-A rho, -A clip(rho))`` ``+ beta KL``.
+
+        Every sample trains the same number of steps, so this is Flow-GRPO's mean over samples and
+        steps (their loss is averaged over the timesteps by gradient accumulation), and DanceGRPO's
+        ``mean / train_timesteps`` summed over its random steps.
+        """
+        cfg = self.config
+        if batch.advantages is None:
+            raise ValueError("FlowGRPOSurrogate.loss needs batch.advantages")
+        if "trajectory" not in batch.extras:
+            raise ValueError("FlowGRPOSurrogate.loss needs the extras of its rollout()")
+        traj, grid = batch.extras["trajectory"], batch.extras["timesteps"]  # [B, T+1, *L], [B, T+1]
+        old_lp = batch.extras["old_log_prob"]  # [B, T]
+        latent_ndim = traj.ndim - 2
+        adv_all = batch.advantages.float().clamp(-cfg.adv_clip, cfg.adv_clip)  # [B]
+        policy_terms, kls, ratios, log_ratios = [], [], [], []
+        for j, rows in self._trained_rows(batch):
+            t, t_next = grid[rows, j], grid[rows, j + 1]
+            cond = _rows_of(batch.cond, rows)
+            mean, std, s = self._step_stats(
+                adapter, traj[rows, j], t, t_next, grid[rows, 1], cond, batch.latents.dtype
+            )
+            log_prob = sde.gaussian_log_prob(traj[rows, j + 1], mean, std, latent_ndim)  # [b_j]
+            log_ratio = log_prob - old_lp[rows, j]
+            rho = torch.exp(log_ratio)
+            adv = adv_all[rows]
+            unclipped = -adv * rho
+            clipped = -adv * rho.clamp(1.0 - cfg.clip_range, 1.0 + cfg.clip_range)
+            policy_terms.append(torch.maximum(unclipped, clipped))  # [b_j]
+            ratios.append(rho.detach())
+            log_ratios.append(log_ratio.detach())
+            if cfg.kl_beta > 0:
+                if "ref_mean" not in batch.extras:
+                    raise ValueError("kl_beta > 0 but batch.extras has no 'ref_mean'; was prepare() run?")
+                ref = batch.extras["ref_mean"][rows, j]
+                kls.append(sde.mean_kl(mean, ref, s, t, t_next, latent_ndim, include_dt=cfg.kl_include_dt))
+        if not policy_terms:
+            raise ValueError("no SDE step to train: the rollout recorded none (sde_mask is all zero)")
+        policy = torch.cat(policy_terms).mean()  # mean over trained (sample, step) pairs
+        kl = torch.cat(kls).mean() if kls else torch.zeros((), device=policy.device)
+        loss = policy + cfg.kl_beta * kl
+        with torch.no_grad():
+            rho = torch.cat(ratios)
+            lr = torch.cat(log_ratios)
+            clip_frac = ((rho - 1).abs() > cfg.clip_range).float().mean()
+            metrics = {
+                "ratio_mean": float(rho.mean()),
+                "ratio_min": float(rho.min()),
+                "ratio_max": float(rho.max()),
+                "clip_fraction": float(clip_frac),
+                "approx_kl": float(0.5 * lr.square().mean()),
+                "kl": float(kl),
+                "policy_objective": float(-policy),
+                "sde_steps": float(len(rho) / len(batch)),  # trained steps per sample
+            }
+        return loss, metrics
+
+
+def _rows_of(cond: Conditioning, rows: torch.Tensor | slice) -> Conditioning:
+    return cond if isinstance(rows, slice) else {k: v[rows.to(v.device)] for k, v in cond.items()}

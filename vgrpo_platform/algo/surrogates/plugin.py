@@ -1,0 +1,118 @@
+"""Entry module of the built-in surrogates: registration and factories only, no torch at import time.
+
+``vgrpo`` is the method; ``elbo_naive`` is the same estimator with the three variance-reduction
+techniques off (independent pairs per sample, i.i.d. timesteps, plain MSE), the paper's baseline
+that oscillates or diverges. ``flow_grpo`` (with MixGRPO's window as an option), ``dance_grpo`` and
+``flow_grpo_fast`` (presets of its options), ``diffusion_nft``, ``awm`` and ``awm_authors`` (AWM as its
+authors ship it) are the baselines of docs/method.md section 6, behind the same interfaces.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vgrpo_platform.algo.surrogates.configs import (  # re-exported: the configs' historical import path
+    AWMAuthorsConfig,
+    AWMConfig,
+    DanceGRPOConfig,
+    DiffusionNFTConfig,
+    FlowGRPOConfig,
+    FlowGRPOFastConfig,
+    NaiveELBOConfig,
+    VGRPOConfig,
+)
+from vgrpo_platform.hookspecs import hookimpl
+
+__all__ = [
+    "VGRPOConfig",
+    "NaiveELBOConfig",
+    "FlowGRPOConfig",
+    "DanceGRPOConfig",
+    "FlowGRPOFastConfig",
+    "DiffusionNFTConfig",
+    "AWMConfig",
+    "AWMAuthorsConfig",
+]
+
+
+def build_vgrpo(config: VGRPOConfig, context: Any = None) -> Any:
+    """Factory: imports the torch implementation only when a run actually builds it."""
+    from vgrpo_platform.algo.surrogates.vgrpo import VGRPOSurrogate
+
+    return VGRPOSurrogate(config)
+
+
+@hookimpl
+def register_surrogates(register):  # noqa: ANN001 - the host's Register callable
+    register(
+        "vgrpo",
+        build_vgrpo,
+        VGRPOConfig,
+        summary="V-GRPO: ELBO surrogate with group-shared stratified pairs and adaptive x-space weighting.",
+    )
+    register(
+        "elbo_naive",
+        build_vgrpo,
+        NaiveELBOConfig,
+        summary="Naive ELBO surrogate (V-GRPO without its three variance-reduction techniques).",
+    )
+    _register_baselines(register)
+
+
+def build_flow_grpo(config: FlowGRPOConfig, context: Any = None) -> Any:
+    from vgrpo_platform.algo.surrogates.flow_grpo import FlowGRPOSurrogate
+
+    return FlowGRPOSurrogate(config)
+
+
+def build_nft(config: DiffusionNFTConfig, context: Any = None) -> Any:
+    from vgrpo_platform.algo.surrogates.nft import DiffusionNFTSurrogate
+
+    return DiffusionNFTSurrogate(config)
+
+
+def build_awm(config: AWMConfig, context: Any = None) -> Any:
+    from vgrpo_platform.algo.surrogates.awm import AWMSurrogate
+
+    return AWMSurrogate(config)
+
+
+def _register_baselines(register):  # noqa: ANN001 - the host's Register callable
+    """The baselines V-GRPO is measured against (one pluggy hook per module: called from it)."""
+    register(
+        "flow_grpo",
+        build_flow_grpo,
+        FlowGRPOConfig,
+        summary="Flow-GRPO: SDE rollouts, per-step Gaussian log-probs and PPO-clip (MixGRPO window option).",
+    )
+    register(
+        "dance_grpo",
+        build_flow_grpo,
+        DanceGRPOConfig,
+        summary="DanceGRPO: Flow-GRPO with constant SDE noise, group-shared initial noise, a random "
+        "subset of steps trained.",
+    )
+    register(
+        "flow_grpo_fast",
+        build_flow_grpo,
+        FlowGRPOFastConfig,
+        summary="Flow-GRPO-Fast: ODE rollouts with a short SDE branch at a random early step, trained alone.",
+    )
+    register(
+        "diffusion_nft",
+        build_nft,
+        DiffusionNFTConfig,
+        summary="DiffusionNFT: implicit positive/negative policy loss around an EMA old policy.",
+    )
+    register(
+        "awm",
+        build_awm,
+        AWMConfig,
+        summary="AWM: advantage-weighted flow-matching loss, shared stratified timesteps, independent noise.",
+    )
+    register(
+        "awm_authors",
+        build_awm,
+        AWMAuthorsConfig,
+        summary="AWM as its authors ship it: generalised-Huber weighting, EMA penalty, grid timesteps.",
+    )

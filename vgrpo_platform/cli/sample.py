@@ -1,0 +1,120 @@
+"""``vgrpo sample``: generate files from the base model or a trained checkpoint (whose loading
+``vgrpo eval`` shares)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from vgrpo_platform import media
+from vgrpo_platform.errors import CheckpointError
+from vgrpo_platform.protocols import BuildContext, SamplerSpec, Samples
+from vgrpo_platform.training.checkpoint import Checkpoint, latest_valid_checkpoint, load_checkpoint
+from vgrpo_platform.training.rollout import generate
+from vgrpo_platform.training.session import Session, build_session, resolve_device
+
+
+def _resolve_checkpoint(checkpoint: str | Path | None) -> Checkpoint | None:
+    if checkpoint is None:
+        return None
+    path = Path(checkpoint)
+    if (path / "checkpoints").is_dir():  # a run directory: take its newest valid checkpoint
+        found = latest_valid_checkpoint(path)
+        if found is None:
+            raise CheckpointError(f"run directory {path} holds no complete checkpoint; train it first")
+        return found
+    if not path.is_dir():
+        raise CheckpointError(
+            f"checkpoint {path} does not exist; pass a run directory or a checkpoints/iter_* folder"
+        )
+    return load_checkpoint(path)
+
+
+@torch.no_grad()
+def trained_session(
+    resolved,  # noqa: ANN001 - recipe.ResolvedRecipe
+    context: BuildContext,
+    checkpoint: str | Path | None = None,
+) -> tuple[Session, Checkpoint | None]:
+    """The recipe's session with a run's weights loaded, to sample from (``vgrpo sample``, ``vgrpo eval``).
+
+    ``checkpoint`` is a run directory (its newest complete checkpoint) or a ``checkpoints/iter_*``
+    folder; None = the base model. The moving average is loaded where the run kept one: what it
+    evaluated and exported. The checkpoint is read first, so a wrong path fails before any model loads.
+    """
+    ckpt = _resolve_checkpoint(checkpoint)
+    session = build_session(resolved, context)
+    if ckpt is not None:
+        weights = ckpt.served_weights
+        missing = set(session.trainable) - set(weights)
+        if missing:
+            raise CheckpointError(
+                f"checkpoint {ckpt.path} does not fit this recipe's model ({len(missing)} weights missing); "
+                "use the recipe the run was trained with"
+            )
+        for name, p in session.trainable.items():
+            p.copy_(weights[name].to(p.device, p.dtype))
+    session.adapter.denoiser.eval()
+    return session, ckpt
+
+
+@torch.no_grad()
+def sample_to_folder(
+    resolved,  # noqa: ANN001 - recipe.ResolvedRecipe
+    *,
+    out_dir: str | Path,
+    checkpoint: str | Path | None = None,
+    prompts: Sequence[str] | None = None,
+    num_per_prompt: int = 1,
+    seed: int = 0,
+) -> list[Path]:
+    """Write ``num_per_prompt`` samples for each prompt (the recipe's eval prompts by default)."""
+    recipe = resolved.recipe
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    device = resolve_device(recipe.run.device)
+    context = BuildContext(device=device, seed=recipe.run.seed, run_dir=out, recipe_dir=resolved.recipe_dir)
+    session, _ = trained_session(resolved, context, checkpoint)
+    if not prompts:
+        prompts = (resolved.eval_prompts or resolved.train_prompts)[: recipe.eval.max_prompts]
+    sampler = SamplerSpec(
+        recipe.eval.sampler or recipe.rollout.sampler, recipe.eval.steps or recipe.rollout.steps
+    )
+    group_ids, _, _, _, samples = generate(
+        session.adapter,
+        list(prompts),
+        group_size=num_per_prompt,
+        sampler=sampler,
+        generator=torch.Generator().manual_seed(seed),
+        chunk_size=recipe.train.micro_batch_size,
+        device=device,
+    )
+    written = write_samples(samples, out, [prompts[int(g)] for g in group_ids])
+    index = [{"file": p.name, "prompt": prompts[int(g)]} for p, g in zip(written, group_ids, strict=True)]
+    (out / "index.jsonl").write_text("".join(json.dumps(r) + "\n" for r in index))
+    return written
+
+
+def write_samples(samples: Samples, out: Path, prompts: Sequence[str]) -> list[Path]:
+    """One file per sample in its modality's usual format."""
+    from PIL import Image
+
+    paths = []
+    data = samples.data.detach().float().cpu()
+    for i in range(len(samples)):
+        if samples.modality == "image":
+            path = out / f"{i:05d}.png"
+            array = (data[i].clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+            Image.fromarray(array).save(path)
+        elif samples.modality == "video":
+            path = media.write_video(data[i], out / f"{i:05d}.mp4", fps=samples.fps or 16.0)
+        elif samples.modality == "audio" and samples.sample_rate:
+            path = media.write_audio(data[i], out / f"{i:05d}.wav", samples.sample_rate)
+        else:
+            path = out / f"{i:05d}.pt"
+            torch.save(data[i], path)
+        paths.append(path)
+    return paths

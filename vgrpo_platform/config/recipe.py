@@ -1,0 +1,457 @@
+"""Read a recipe, apply ``--set`` overrides, validate it, and resolve its plugins.
+
+The flow is ``load_recipe`` (TOML -> overrides -> ``schema.Recipe``) then
+``validate_components`` (each component exists, its options validate against its own ``Config``,
+prompt files exist) giving a ``ResolvedRecipe``; ``resolve_recipe`` does both. Every failure is a
+one-line ``RecipeError`` naming the TOML path and the fix, because a recipe is what users edit most.
+Nothing here imports torch: ``vgrpo check`` must stay fast.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as _dt
+import difflib
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from vgrpo_platform.config.schema import PromptsSection, Recipe
+from vgrpo_platform.config.validation_errors import format_validation_error, show_value
+from vgrpo_platform.errors import PluginError, RecipeError
+from vgrpo_platform.registry import ComponentSpec, PluginConfig
+from vgrpo_platform.training.monitor import DIVERSITY, EVAL_ONLY_TOTAL
+
+try:  # Python >= 3.11
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+if TYPE_CHECKING:
+    from vgrpo_platform.host.plugins import ComponentRegistry
+
+RESOLVED_JSON = "resolved_recipe.json"  # lossless, what `load_resolved` reads back
+ORIGINAL_TOML = "recipe.toml"  # the user's text, verbatim, with the overrides as a header comment
+
+
+# --------------------------------------------------------------------------- overrides
+
+
+def _parse_value(raw: str) -> Any:
+    """A ``--set`` value: a TOML value when it parses as one, else the bare string."""
+    if "\n" in raw:
+        return raw
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+    except RecursionError:  # tomllib recurses per nesting level
+        raise RecipeError(
+            f"--set value {raw[:20]!r}...: arrays or tables nested too deeply; flatten it"
+        ) from None
+    if isinstance(value, (_dt.date, _dt.time)):  # `run.name=2024-01-01` means the string
+        return raw
+    return value
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``"train.lr=1e-5"`` -> ``(["train", "lr"], 1e-05)``."""
+    key, sep, raw = text.partition("=")
+    parts = key.strip().split(".")
+    if not sep or not all(p.strip() for p in parts):
+        raise RecipeError(f"--set {text!r}: expected KEY.PATH=VALUE, e.g. --set train.lr=1e-5")
+    return [p.strip() for p in parts], _parse_value(raw.strip())
+
+
+def _index(node: list[Any], part: str, where: str, text: str) -> int:
+    if not part.isdigit():
+        raise RecipeError(
+            f"--set {text!r}: '{where}' is an array of tables; index it with a number, e.g. {where}.0"
+        )
+    i = int(part)
+    if i > len(node):
+        raise RecipeError(
+            f"--set {text!r}: '{where}' has {len(node)} entries; use an index up to {len(node)} "
+            f"({len(node)} appends a new entry)"
+        )
+    if i == len(node):
+        node.append({})
+    return i
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """A copy of the raw recipe dict with each ``a.b.c=value`` applied, in order.
+
+    Missing intermediate tables are created (an array of tables when the next part is ``0``); a number
+    indexes an array of tables (``rewards.0.weight``), and the index one past the end appends a new entry.
+    """
+    data = copy.deepcopy(data)
+    for text in overrides:
+        path, value = parse_override(text)
+        node: Any = data
+        for depth, part in enumerate(path):
+            where = ".".join(path[:depth])
+            last = depth == len(path) - 1
+            if isinstance(node, list):
+                i = _index(node, part, where, text)
+                if last:
+                    node[i] = value
+                else:
+                    node = node[i]
+            elif isinstance(node, dict):
+                if last:
+                    node[part] = value
+                else:  # a missing array of tables starts at its index 0: --set eval.rewards.0.name=...
+                    node = node.setdefault(part, [] if path[depth + 1] == "0" else {})
+            else:
+                raise RecipeError(
+                    f"--set {text!r}: '{where}' is {show_value(node)}, not a table; "
+                    f"set '{where}' itself or fix the key path"
+                )
+    return data
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _read_toml(path: Path) -> tuple[str, dict[str, Any]]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RecipeError(f"recipe file '{path}' not found; check the path") from None
+    except IsADirectoryError:
+        raise RecipeError(f"'{path}' is a folder, not a recipe file; pass the .toml file") from None
+    except UnicodeDecodeError as exc:
+        raise RecipeError(f"{path}: not UTF-8 text ({exc.reason}); save the recipe as UTF-8") from None
+    except OSError as exc:  # permissions, a broken link, an I/O error
+        raise RecipeError(
+            f"cannot read recipe file '{path}' ({exc.strerror or exc}); check the path"
+        ) from None
+    try:
+        return text, tomllib.loads(text)
+    except RecursionError:  # tomllib recurses per nesting level; a traceback would hide the line
+        raise RecipeError(
+            f"{path}: invalid TOML: arrays or tables nested too deeply; flatten the nesting"
+        ) from None
+    except tomllib.TOMLDecodeError as exc:
+        msg = str(exc)
+        m = re.search(r"\(at line (\d+), column (\d+)\)", msg)
+        where = f"{path}:{m.group(1)}:{m.group(2)}" if m else str(path)
+        msg = msg[: m.start()].strip() if m else msg
+        raise RecipeError(f"{where}: invalid TOML: {msg}; fix the syntax at that line") from None
+
+
+def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> Recipe:
+    """Read ``path``, apply ``--set`` overrides, validate with ``schema.Recipe``."""
+    path = Path(path)
+    _, data = _read_toml(path)
+    return _validate(data, overrides, source=str(path))
+
+
+def _validate(data: dict[str, Any], overrides: Sequence[str], source: str) -> Recipe:
+    data = apply_overrides(data, overrides)
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as exc:
+        raise RecipeError(format_validation_error(exc, model=Recipe, source=source)) from None
+
+
+# --------------------------------------------------------------------------- prompts
+
+
+def _read_prompt_file(rel: str, key: str, recipe_dir: Path) -> list[str]:
+    path = Path(rel) if Path(rel).is_absolute() else recipe_dir / rel
+    suffix = path.suffix.lower()
+    if suffix not in (".txt", ".jsonl"):
+        raise RecipeError(f"{key} '{rel}': unsupported file type '{suffix}'; use a .txt or .jsonl file")
+    if not path.is_file():
+        raise RecipeError(
+            f"{key}: prompt file '{path}' not found (paths are relative to the recipe's folder); "
+            "fix the path or create the file"
+        )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecipeError(
+            f"{key}: prompt file '{path}' is not UTF-8 text ({exc.reason}); save it as UTF-8"
+        ) from None
+    except OSError as exc:
+        raise RecipeError(
+            f"{key}: cannot read prompt file '{path}' ({exc.strerror or exc}); check it"
+        ) from None
+    prompts: list[str] = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        line = line.strip()
+        if not line or (suffix == ".txt" and line.startswith("#")):
+            continue
+        if suffix == ".txt":
+            prompts.append(line)
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            msg = f"{path}:{lineno}: invalid JSON ({exc.msg}); write one JSON object per line"
+            raise RecipeError(msg) from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
+            raise RecipeError(
+                f'{path}:{lineno}: expected an object with a "prompt" string, e.g. {{"prompt": "a cat"}}'
+            )
+        prompts.append(obj["prompt"])
+    return prompts
+
+
+def load_prompts(section: PromptsSection, recipe_dir: str | Path) -> tuple[list[str], list[str]]:
+    """``(train, eval)`` prompts: inline ones first, then the file's.
+
+    ``.txt``: one prompt per line, blank lines and ``#`` comments skipped. ``.jsonl``: one
+    ``{"prompt": ...}`` object per line. An empty eval list means "the train prompts" (the caller
+    truncates to ``eval.max_prompts``).
+    """
+    recipe_dir = Path(recipe_dir)
+    train = list(section.train)
+    if section.train_file:
+        train += _read_prompt_file(section.train_file, "prompts.train_file", recipe_dir)
+    evals = list(section.eval)
+    if section.eval_file:
+        evals += _read_prompt_file(section.eval_file, "prompts.eval_file", recipe_dir)
+    return train, (evals or list(train))
+
+
+# --------------------------------------------------------------------------- resolving plugins
+
+
+@dataclass(frozen=True)
+class ResolvedComponent:
+    """A component the recipe selected, with its validated options."""
+
+    spec: ComponentSpec
+    config: PluginConfig
+
+    def build(self, context: Any) -> Any:
+        """Call the plugin's factory (this is where heavy imports happen)."""
+        return self.spec.factory(self.config, context)
+
+
+@dataclass(frozen=True)
+class ResolvedReward(ResolvedComponent):
+    weight: float = 1.0
+    key: str = ""  # unique label for logs: the name, or name_<index> when a name is used twice
+
+
+@dataclass
+class ResolvedRecipe:
+    """A validated recipe whose components all exist and whose options all validate."""
+
+    recipe: Recipe
+    adapter: ResolvedComponent
+    surrogate: ResolvedComponent
+    rewards: list[ResolvedReward]
+    train_prompts: list[str]
+    eval_prompts: list[str]
+    eval_rewards: list[ResolvedReward] = field(default_factory=list)  # [[eval.rewards]]: scored, not trained
+    recipe_dir: Path = field(default_factory=Path.cwd)
+    path: Path | None = None  # the recipe file, when loaded from one
+    source_text: str | None = None  # its text, verbatim
+    overrides: tuple[str, ...] = ()
+
+
+def _resolve(
+    registry: ComponentRegistry, kind: str, name: str, options: dict[str, Any], where: str, source: str | None
+) -> ResolvedComponent:
+    try:
+        spec = registry.get(kind, name)
+    except PluginError as exc:
+        prefix = f"{source}: " if source else ""
+        raise RecipeError(f"{prefix}{where}.name: {exc}") from None
+    config = registry.validate_options(kind, name, options, where=f"{where}.options", source=source)
+    return ResolvedComponent(spec, config)
+
+
+def _resolve_rewards(
+    registry: ComponentRegistry, refs: Sequence[Any], where: str, source: str | None, taken: set[str]
+) -> list[ResolvedReward]:
+    """Each reward's key in the logs: its name; ``name_<index>`` when the table uses a name twice; and
+    ``<that>_eval`` when an evaluation-only reward would take a training reward's key (``taken``)."""
+    counts: dict[str, int] = {}
+    for ref in refs:
+        counts[ref.name] = counts.get(ref.name, 0) + 1
+    out = []
+    for i, ref in enumerate(refs):
+        got = _resolve(registry, "reward", ref.name, ref.options, f"{where}.{i}", source)
+        key = ref.name if counts[ref.name] == 1 else f"{ref.name}_{i}"
+        if key in taken:
+            key = f"{key}_eval"
+        out.append(ResolvedReward(got.spec, got.config, weight=ref.weight, key=key))
+    return out
+
+
+def evaluation_keys(recipe: Recipe, reward_keys: Sequence[str], eval_reward_keys: Sequence[str]) -> list[str]:
+    """The keys every evaluation record has (besides ``detail/<reward>/<criterion>``, which rewards
+    report at run time): what ``[eval.monitor]`` may name."""
+    keys = ["reward", *(f"reward/{k}" for k in (*reward_keys, *eval_reward_keys))]
+    if eval_reward_keys:
+        keys.append(EVAL_ONLY_TOTAL)
+    if recipe.eval.samples_per_prompt >= 2:
+        keys.append(DIVERSITY)
+    return keys
+
+
+def _check_monitor(
+    recipe: Recipe, reward_keys: Sequence[str], eval_reward_keys: Sequence[str], prefix: str
+) -> None:
+    """``[eval.monitor]`` names metrics an evaluation will have (details are checked at the first one)."""
+    m = recipe.eval.monitor
+    known = evaluation_keys(recipe, reward_keys, eval_reward_keys)
+    details = tuple(f"detail/{k}/" for k in (*reward_keys, *eval_reward_keys))
+    for i, key in enumerate([*m.stop_when_falls, m.rising]):
+        where = f"eval.monitor.stop_when_falls.{i}" if i < len(m.stop_when_falls) else "eval.monitor.rising"
+        if key in known or (key.startswith(details) and key.count("/") == 2):
+            continue
+        hint = ""
+        if key == DIVERSITY:
+            hint = " (it needs eval.samples_per_prompt >= 2)"
+        elif key == EVAL_ONLY_TOTAL:
+            hint = " (it needs at least one [[eval.rewards]])"
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        rewards = ", ".join([*reward_keys, *eval_reward_keys])
+        fix = (
+            f"did you mean '{close[0]}'?"
+            if close
+            else (f"use one of {', '.join(known)}, or detail/<reward>/<criterion> for a reward in {rewards}")
+        )
+        raise RecipeError(f"{prefix}{where}: '{key}' is not a metric of the evaluations{hint}; {fix}")
+
+
+def _check_scoring(recipe: Recipe, prefix: str) -> None:
+    """``[scoring]`` keys that only mean something with a worker process."""
+    scoring = recipe.scoring
+    if scoring.isolation == "inline":
+        for key in ("device", "worker_threads"):
+            if getattr(scoring, key) is not None:
+                raise RecipeError(
+                    f"{prefix}scoring.{key} applies to the reward worker; set scoring.isolation = 'process' "
+                    f"or remove scoring.{key}"
+                )
+    elif recipe.train.offload_rewards:
+        raise RecipeError(
+            f"{prefix}train.offload_rewards moves in-process rewards on and off the device; with "
+            "scoring.isolation = 'process' the worker holds them: remove one of the two"
+        )
+
+
+def validate_components(
+    recipe: Recipe,
+    registry: ComponentRegistry,
+    *,
+    recipe_dir: str | Path | None = None,
+    source: str | None = None,
+) -> ResolvedRecipe:
+    """Check that every component exists and its options validate, then the cross-table rules.
+
+    Cross-checks: prompt files exist (relative to ``recipe_dir``), there is at least one train
+    prompt, and each reward accepts the adapter's modality when both are declared cheaply (a
+    ``modality`` attribute on the adapter's ``Config``, a ``modalities`` one on the reward's).
+    """
+    recipe_dir = Path(recipe_dir) if recipe_dir is not None else Path.cwd()
+    prefix = f"{source}: " if source else ""
+    adapter = _resolve(registry, "adapter", recipe.adapter.name, recipe.adapter.options, "adapter", source)
+    surrogate = _resolve(
+        registry, "surrogate", recipe.surrogate.name, recipe.surrogate.options, "surrogate", source
+    )
+    rewards = _resolve_rewards(registry, recipe.rewards, "rewards", source, taken=set())
+    eval_rewards = _resolve_rewards(
+        registry, recipe.eval.rewards, "eval.rewards", source, taken={r.key for r in rewards}
+    )
+
+    modality = getattr(adapter.config, "modality", None)
+    for where, group in (("rewards", rewards), ("eval.rewards", eval_rewards)):
+        for i, reward in enumerate(group):
+            accepts = getattr(reward.config, "modalities", None)
+            if isinstance(modality, str) and accepts and modality not in accepts:
+                raise RecipeError(
+                    f"{prefix}{where}.{i}: reward '{reward.spec.name}' scores {'/'.join(sorted(accepts))} "
+                    f"but adapter '{adapter.spec.name}' makes {modality}; pick a reward for {modality}"
+                )
+    _check_monitor(recipe, [r.key for r in rewards], [r.key for r in eval_rewards], prefix)
+    _check_scoring(recipe, prefix)
+
+    try:
+        train, evals = load_prompts(recipe.prompts, recipe_dir)
+    except RecipeError as exc:
+        raise RecipeError(f"{prefix}{exc}") from None
+    if not train:
+        raise RecipeError(
+            f'{prefix}no train prompts; add prompts.train = ["..."] or prompts.train_file = "prompts.txt"'
+        )
+    return ResolvedRecipe(
+        recipe=recipe,
+        adapter=adapter,
+        surrogate=surrogate,
+        rewards=rewards,
+        train_prompts=train,
+        eval_prompts=evals,
+        eval_rewards=eval_rewards,
+        recipe_dir=recipe_dir,
+    )
+
+
+def resolve_recipe(
+    path: str | Path, overrides: Sequence[str] = (), registry: ComponentRegistry | None = None
+) -> ResolvedRecipe:
+    """``load_recipe`` + ``validate_components`` with the installed plugins (what the CLI runs)."""
+    path = Path(path)
+    text, data = _read_toml(path)
+    recipe = _validate(data, overrides, source=str(path))
+    if registry is None:
+        from vgrpo_platform.host.plugins import default_registry
+
+        registry = default_registry()
+    resolved = validate_components(recipe, registry, recipe_dir=path.resolve().parent, source=str(path))
+    resolved.path = path
+    resolved.source_text = text
+    resolved.overrides = tuple(overrides)
+    return resolved
+
+
+# --------------------------------------------------------------------------- saving
+
+
+def save_resolved(recipe: Recipe | ResolvedRecipe, run_dir: str | Path) -> Path:
+    """Save the recipe in the run directory; returns the path of ``resolved_recipe.json``.
+
+    Writes ``resolved_recipe.json`` (every key, defaults filled in, overrides applied: lossless,
+    read back by ``load_resolved``) and, when the original text is known, ``recipe.toml`` (the
+    user's file verbatim, with the source path and ``--set`` overrides as header comments). JSON
+    rather than emitted TOML because TOML cannot say ``grad_clip = None``.
+    """
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    resolved = recipe if isinstance(recipe, ResolvedRecipe) else None
+    model = recipe.recipe if isinstance(recipe, ResolvedRecipe) else recipe
+    out = run_dir / RESOLVED_JSON
+    out.write_text(json.dumps(model.model_dump(mode="json"), indent=2) + "\n", encoding="utf-8")
+    if resolved is not None and resolved.source_text is not None:
+        header = [f"# copied from {resolved.path}"]
+        header += [f"# --set {o}" for o in resolved.overrides]
+        header.append(f"# the recipe actually used (defaults and overrides applied) is {RESOLVED_JSON}")
+        text = "\n".join(header) + "\n" + resolved.source_text
+        (run_dir / ORIGINAL_TOML).write_text(text, encoding="utf-8")
+    return out
+
+
+def load_resolved(path: str | Path) -> Recipe:
+    """Read back a ``resolved_recipe.json`` (or the run directory holding one)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / RESOLVED_JSON
+    try:
+        return Recipe.model_validate_json(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RecipeError(f"'{path}' not found; is this a vgrpo run directory?") from None
+    except ValidationError as exc:
+        raise RecipeError(format_validation_error(exc, model=Recipe, source=str(path))) from None

@@ -1,0 +1,229 @@
+"""Sample grids as PNG: what a person looks at to judge a run.
+
+An evaluation grid shows each prompt's samples as one labelled tile (the prompt above, its
+samples side by side), and wraps the tiles into a near-square page, so hundreds of held-out
+samples stay readable. Where the rewards give a per-sample verdict (a 0/1 detail named
+``correct``, e.g. ``shapes/correct``), each frame gets a green (right) or red (wrong) border.
+Beside every grid a small JSON file records each tile's prompt, frame boxes, verdicts and rewards:
+the before/after picture is cut from two grids with it, and the report lists the prompts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from PIL import Image, ImageDraw, ImageFont
+
+from vgrpo_platform.protocols import Samples
+
+RIGHT, WRONG, UNJUDGED = (40, 170, 60), (215, 40, 40), (90, 90, 90)
+BACKGROUND, INK = (255, 255, 255), (20, 20, 20)
+BORDER, GAP, FONT_PX = 2, 6, 11
+LEGEND = "border: green = correct, red = not ({key})"
+
+
+def frames_for_grid(samples: Samples) -> torch.Tensor | None:
+    """``[B, 3, H, W]`` in [0, 1] for images, the middle frame for video; None for other modalities."""
+    if samples.modality == "image":
+        return samples.data
+    if samples.modality == "video":
+        return samples.data[:, samples.data.shape[1] // 2]
+    return None
+
+
+def verdict_key(details: dict[str, Sequence[float]]) -> str | None:
+    """The detail that says right/wrong per sample: the first (sorted) named ``correct`` or ``*/correct``."""
+    found = sorted(k for k in details if k == "correct" or k.endswith("/correct"))
+    return found[0] if found else None
+
+
+@dataclass(frozen=True)
+class GridSpec:
+    """How a grid is laid out: frames of ``frame_side`` pixels, at most ``max_tiles`` prompts."""
+
+    frame_side: int = 64  # small frames are enlarged (nearest neighbour), large ones shrunk
+    max_tiles: int = 48  # prompts shown; the rest are counted in the header
+    label_chars: int = 48  # longer prompts are cut with an ellipsis
+
+
+def _font() -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
+    try:
+        return ImageFont.load_default(size=FONT_PX)
+    except TypeError:  # Pillow without FreeType: the fixed bitmap font
+        return ImageFont.load_default()
+
+
+def _to_uint8(images: torch.Tensor, side: int) -> list[Image.Image]:
+    x = (images.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).cpu().numpy()  # [B, 3, H, W]
+    out = []
+    for frame in x:
+        img = Image.fromarray(frame.transpose(1, 2, 0))
+        scale = side / max(img.width, img.height)
+        size = (max(1, round(img.width * scale)), max(1, round(img.height * scale)))
+        out.append(img.resize(size, Image.Resampling.NEAREST if scale >= 1 else Image.Resampling.BILINEAR))
+    return out
+
+
+def _cut(text: str, chars: int) -> str:
+    return text if len(text) <= chars else text[: chars - 1] + "…"
+
+
+def _mark(verdict: float | None) -> tuple[int, int, int]:
+    if verdict is None or not math.isfinite(verdict):
+        return UNJUDGED
+    return RIGHT if verdict >= 0.5 else WRONG
+
+
+def save_grid(
+    samples: Samples,
+    path: Path,
+    *,
+    group_size: int,
+    prompts: Sequence[str] | None = None,
+    details: dict[str, Sequence[float]] | None = None,
+    rewards: Sequence[float] | None = None,
+    spec: GridSpec = GridSpec(),
+    title: str = "",
+) -> Path | None:
+    """Tile the samples (``group_size`` consecutive samples per prompt) into one labelled PNG.
+
+    ``prompts`` has one entry per prompt (``B / group_size``); ``details`` and ``rewards`` one value per
+    sample. Writes ``path`` and ``path.with_suffix(".json")`` (the layout); None for non-visual samples.
+    """
+    images = frames_for_grid(samples)
+    if images is None:
+        return None
+    b = images.shape[0]
+    n_groups = -(-b // group_size)
+    shown = min(n_groups, spec.max_tiles)
+    frames = _to_uint8(images[: shown * group_size], spec.frame_side)
+    fw = max(f.width for f in frames) + 2 * BORDER
+    fh = max(f.height for f in frames) + 2 * BORDER
+    key = verdict_key(details or {})
+    verdicts = list((details or {}).get(key, [])) if key else []
+    font = _font()
+    label_h = FONT_PX + 4
+    tile_w = max(group_size * fw + (group_size - 1) * 2, 8 * FONT_PX)
+    tile_h = label_h + fh
+    # near-square page: columns ~ sqrt(n * tile_h / tile_w)
+    columns = max(1, min(shown, round(math.sqrt(shown * tile_h / tile_w))))
+    lines = -(-shown // columns)
+    header = [title] if title else []
+    if key:
+        header.append(LEGEND.format(key=key))
+    if n_groups > shown:
+        header.append(f"first {shown} of {n_groups} prompts")
+    head_h = len(header) * (FONT_PX + 3) + (GAP if header else 0)
+    width = columns * tile_w + (columns + 1) * GAP
+    height = head_h + lines * (tile_h + GAP) + GAP
+    canvas = Image.new("RGB", (width, height), BACKGROUND)
+    draw = ImageDraw.Draw(canvas)
+    for i, line in enumerate(header):
+        draw.text((GAP, GAP // 2 + i * (FONT_PX + 3)), line, fill=INK, font=font)
+    tiles = []
+    for g in range(shown):
+        row, col = divmod(g, columns)
+        x0, y0 = GAP + col * (tile_w + GAP), head_h + GAP + row * (tile_h + GAP)
+        prompt = prompts[g] if prompts is not None and g < len(prompts) else ""
+        draw.text((x0, y0), _cut(prompt, spec.label_chars), fill=INK, font=font)
+        boxes, marks, scores = [], [], []
+        for k in range(group_size):
+            i = g * group_size + k
+            if i >= len(frames):
+                break
+            fx, fy = x0 + k * (fw + 2), y0 + label_h
+            verdict = float(verdicts[i]) if i < len(verdicts) else None
+            draw.rectangle((fx, fy, fx + fw - 1, fy + fh - 1), fill=_mark(verdict) if key else BACKGROUND)
+            canvas.paste(frames[i], (fx + BORDER, fy + BORDER))
+            boxes.append([fx, fy, fw, fh])
+            marks.append(verdict)
+            scores.append(float(rewards[i]) if rewards is not None and i < len(rewards) else None)
+        tiles.append({"prompt": prompt, "frames": boxes, "verdicts": marks, "rewards": scores})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    canvas.save(path)
+    layout = {"group_size": group_size, "prompts_total": n_groups, "verdict_key": key, "tiles": tiles}
+    path.with_suffix(".json").write_text(json.dumps(layout, indent=1))
+    return path
+
+
+def read_layout(grid: Path) -> dict | None:
+    """The JSON written beside a grid by ``save_grid``; None when absent or unreadable."""
+    try:
+        return json.loads(grid.with_suffix(".json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def save_before_after(
+    before: Path,
+    after: Path,
+    out: Path,
+    *,
+    keep: int = 16,
+    labels: tuple[str, str] = ("before", "after"),
+) -> Path | None:
+    """Each of the first ``keep`` prompts of two evaluation grids: its prompt, then its samples before
+    and after, with the reward's verdict on each frame.
+
+    Evaluations use fixed seeds, so the two grids hold the same prompts and the same noise: any
+    difference is the training. The pairs are stacked in two columns when there are many. None when a
+    grid or its layout is missing, or the two grids show different prompts.
+    """
+    lb, la = read_layout(before), read_layout(after)
+    if not (before.is_file() and after.is_file()) or lb is None or la is None:
+        return None
+    n = min(len(lb["tiles"]), len(la["tiles"]), keep)
+    if n == 0 or [t["prompt"] for t in lb["tiles"][:n]] != [t["prompt"] for t in la["tiles"][:n]]:
+        return None
+    grids = [Image.open(p).convert("RGB") for p in (before, after)]
+    font = _font()
+
+    def strip(grid: Image.Image, tile: dict) -> Image.Image:
+        boxes = tile["frames"]
+        h = max(b[3] for b in boxes)
+        w = sum(b[2] for b in boxes) + 2 * (len(boxes) - 1)
+        row = Image.new("RGB", (w, h), BACKGROUND)
+        x = 0
+        for fx, fy, fw, fh in boxes:
+            row.paste(grid.crop((fx, fy, fx + fw, fy + fh)), (x, 0))
+            x += fw + 2
+        return row
+
+    pairs = [(strip(grids[0], lb["tiles"][i]), strip(grids[1], la["tiles"][i])) for i in range(n)]
+    label_h = FONT_PX + 4
+    half_w = max(max(p.width for p, _ in pairs), max(q.width for _, q in pairs))
+    cell_w = max(2 * half_w + 3 * GAP, 26 * FONT_PX)
+    cell_h = label_h + max(max(p.height, q.height) for p, q in pairs) + GAP
+    columns = 2 if n > 8 else 1
+    lines = -(-n // columns)
+    key = lb.get("verdict_key")
+    header = f"{labels[0]} | {labels[1]} (same prompts, same seeds)"
+    if key:
+        header += "; " + LEGEND.format(key=key)
+    head_h = FONT_PX + 3 + GAP
+    canvas = Image.new("RGB", (columns * (cell_w + GAP) + GAP, head_h + lines * cell_h + GAP), BACKGROUND)
+    draw = ImageDraw.Draw(canvas)
+    draw.text((GAP, GAP // 2), header, fill=INK, font=font)
+    for i, (b, a) in enumerate(pairs):
+        line, col = divmod(i, columns)
+        x0, y0 = GAP + col * (cell_w + GAP), head_h + line * cell_h
+        counts = []
+        for layout in (lb, la):
+            v = [x for x in layout["tiles"][i]["verdicts"] if x is not None]
+            counts.append(f"{sum(x >= 0.5 for x in v)}/{len(v)}" if key and v else "")
+        label = lb["tiles"][i]["prompt"]
+        if key:
+            label += f"   ({counts[0]} -> {counts[1]} correct)"
+        draw.text((x0, y0), _cut(label, 84), fill=INK, font=font)
+        canvas.paste(b, (x0, y0 + label_h))
+        canvas.paste(a, (x0 + half_w + 3 * GAP, y0 + label_h))
+        sep_x = x0 + half_w + GAP + GAP // 2
+        draw.line((sep_x, y0 + label_h, sep_x, y0 + label_h + b.height), fill=INK, width=1)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    canvas.save(out)
+    return out

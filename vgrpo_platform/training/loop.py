@@ -1,0 +1,406 @@
+"""The V-GRPO training loop, top to bottom: rollout, score, advantages, surrogate, update, log, checkpoint.
+
+How it departs from textbook GRPO (see docs/concepts.md):
+- The whole denoising chain is one action. Rollouts use any ODE sampler and record no per-step
+  log-probs; the policy likelihood is the surrogate's business (``-L_hat`` for V-GRPO), computed on
+  the final clean samples with ``(t, eps)`` pairs drawn once per iteration at rollout time.
+- The old policy is never copied: its surrogate values (and, for the KL, its predictions) are stored
+  with the rollout, before the first gradient step of the iteration.
+- An iteration's batch is split into ``train.gradient_steps_per_iteration`` mini-batches, one
+  optimiser step each; with one step the update is fully on-policy (ratio exactly 1).
+- Each mini-batch is accumulated over micro-batches weighted by their size, so the gradient equals
+  the full mini-batch's whatever ``micro_batch_size`` is (``update.py``).
+- Ctrl-C or SIGTERM finish the current iteration, save a checkpoint and exit; ``--resume`` continues
+  from the newest complete checkpoint with the same RNG and prompt-sampler state.
+- With ``train.ema_decay`` a moving average of the weights is what evaluations, grids and the
+  exported model see; the optimiser, rollouts and the surrogate keep the raw weights (``ema.py``).
+- Evaluations (``evaluation.py``, shared with ``vgrpo eval``) also score the ``[[eval.rewards]]`` and
+  each prompt's sample diversity; ``[eval.monitor]`` stops the run with a checkpoint when the reward
+  rises while one of them falls (``monitor.py``). ``log.trackers`` mirror ``metrics.jsonl`` and the
+  grids to TensorBoard / W&B / MLflow through accelerate (``tracking.py``).
+- A fault (``faults.py``) follows ``train.on_fault``, in an iteration or in an evaluation: "stop"
+  saves an exact checkpoint (``run_state.py``) and raises a one-line error, "skip" logs the skip and goes on.
+- Under ``accelerate launch`` / ``torchrun`` each process rolls out a contiguous block of whole prompt
+  groups; rewards are gathered, so advantages and metrics see the global batch, and the random draws
+  are made for the global batch on every rank (``parallel/data_parallel.py``): N processes equal one process.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vgrpo_platform.algo.grpo import compute_advantages
+from vgrpo_platform.config.recipe import save_resolved
+from vgrpo_platform.errors import RewardError, VgrpoError
+from vgrpo_platform.parallel import data_parallel as dp
+from vgrpo_platform.parallel import sharded_state
+from vgrpo_platform.protocols import BuildContext, RolloutBatch, SamplerSpec
+from vgrpo_platform.training import faults
+from vgrpo_platform.training.chunked import ChunkedPredictions
+from vgrpo_platform.training.ema import served
+from vgrpo_platform.training.evaluation import Protocol, evaluate
+from vgrpo_platform.training.interrupts import StopFlag
+from vgrpo_platform.training.metrics import MetricsWriter, Progress, read_metrics, reward_metrics
+from vgrpo_platform.training.monitor import Watch
+from vgrpo_platform.training.prompt_sampler import PromptSampler
+from vgrpo_platform.training.reward_workers import GroupFeeder, build_scorer
+from vgrpo_platform.training.rollout import generate_with_extras, surrogate_sampler
+from vgrpo_platform.training.run_state import LoopState, RunState, check_run_dir
+from vgrpo_platform.training.run_summary import summarise
+from vgrpo_platform.training.session import Session, build_session, resolve_device, run_dir_of
+from vgrpo_platform.training.tracking import Tracking, require
+from vgrpo_platform.training.update import PolicyUpdate
+
+
+class Trainer:
+    """Holds one run's state; ``run()`` is the loop."""
+
+    def __init__(self, resolved, *, resume: bool = False) -> None:  # noqa: ANN001 - recipe.ResolvedRecipe
+        self.resolved = resolved
+        self.recipe = recipe = resolved.recipe
+        t = recipe.train
+        self.run_dir = run_dir_of(recipe)
+        require(recipe.log.trackers)  # a missing tracker package stops here, before any model loads
+        device = resolve_device(recipe.run.device)
+        trackers = Tracking.accelerator_kwargs(recipe.log.trackers, self.run_dir)
+        self.accelerator = dp.build_accelerator(device, recipe.run.mixed_precision, **trackers)
+        self.tracking = Tracking(self.accelerator, recipe.log.trackers, recipe.log.project, self.run_dir)
+        self.device = self.accelerator.device
+        # train.offload_rewards: reward models visit the device only while they score
+        self.reward_device = self.device if t.offload_rewards else None
+        self.shard = dp.shard_of(self.accelerator)
+        self.shard.prompt_block(recipe.rollout.prompts_per_iteration)  # fail early on an uneven split
+        # before any model is built (a contradicting DeepSpeed config stops here)
+        dp.configure_launch(self.accelerator, grad_clip=t.grad_clip, micro_batch_size=t.micro_batch_size)
+        check_run_dir(self.run_dir, resume)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        torch.manual_seed(recipe.run.seed)
+        context = BuildContext(
+            device=self.device, seed=recipe.run.seed, run_dir=self.run_dir, recipe_dir=resolved.recipe_dir
+        )
+        with self.accelerator.main_process_first():  # downloads and model builds happen once
+            self.session: Session = build_session(
+                resolved, context, rewards_here=recipe.scoring.isolation == "inline"
+            )
+        self.notices: list[str] = []  # reward-worker restarts, reported by run() after the iteration
+        self.scorer = build_scorer(
+            recipe.scoring,
+            self.session,
+            resolved,
+            replace(context, device=torch.device(recipe.scoring.device or self.device)),
+            offload_device=self.reward_device,
+            on_restart=self.notices.append,
+        )
+        self.protocol = Protocol.of(resolved)  # the held-out prompts, seeds and sampler of every evaluation
+        prompts = PromptSampler(resolved.train_prompts, seed=recipe.run.seed, shuffle=recipe.prompts.shuffle)
+        self.loop = LoopState.seeded(prompts, recipe.run.seed)
+        self.update = PolicyUpdate(self.session, t, self.accelerator, self.loop.shuffle_rng)
+        self.optimizer, self.average = self.update.optimizer, self.update.average
+        self.state = RunState(self.run_dir, recipe, self.accelerator, self.session, self.update, self.loop)
+        self.on_fault = faults.FaultPolicy(t, self.state, self._write)
+        self.start_iteration = 0
+        self.elapsed = 0.0  # seconds of training before this process (resumed runs)
+        self.t_start = 0.0  # set by run(): perf_counter() of a training start with no time behind it
+        # set by --resume from a checkpoint whose evaluation failed (faults.py): {"wall_seconds": ...}
+        self.eval_pending: dict | None = None
+        self.diagnostics_seconds = 0.0  # spent on log.diagnostics_every in this process, not in wall_seconds
+        if resume:
+            resumed = self.state.restore()
+            self.start_iteration, self.elapsed = resumed.iteration, resumed.elapsed
+            self.eval_pending = resumed.eval_pending
+        main = self.accelerator.is_main_process
+        if main:
+            save_resolved(resolved, self.run_dir)
+        self.resumed = resume
+        self.metrics = None  # only the main process writes
+        history: list[dict] = []  # the evaluation records the monitor judges (main process)
+        if main:
+            self.metrics = MetricsWriter(
+                self.run_dir / "metrics.jsonl", resume_after=self.start_iteration if resume else None
+            )
+            if resume:  # the evaluations before the checkpoint count for [eval.monitor]'s patience
+                history = [r for r in read_metrics(self.metrics.path) if r.get("kind") == "eval"]
+        self.watch = Watch(recipe.eval.monitor, self.accelerator, history)
+
+    # ----------------------------------------------------------------------------------------- loop
+    def run(self) -> Path:
+        recipe = self.recipe
+        total = recipe.train.iterations
+        progress = Progress(
+            recipe.log.progress if self.accelerator.is_main_process else "none",
+            total,
+            start=self.start_iteration,
+        )
+        stop = StopFlag()
+        self.t_start = time.perf_counter() - self.elapsed  # see _elapsed()
+        if self.shard.world > 1:
+            progress.message(f"data parallel: {self.shard.world} processes, {dp.describe(self.accelerator)}")
+        self.tracking.start(
+            run_name=recipe.run.name,
+            config=recipe.model_dump(mode="json"),
+            resumed_at=self.start_iteration if self.resumed else None,
+        )
+        try:
+            with stop.installed():
+                first = self._evaluate_before(progress)
+                for iteration in range(first, total + 1):
+                    record = self._iteration(iteration, progress)
+                    last = iteration == total
+                    alarm = None
+                    if recipe.eval.every and iteration % recipe.eval.every == 0 or last:
+                        alarm = self._evaluation(iteration, record["wall_seconds"], progress)
+                    every = recipe.log.checkpoint_every
+                    stop.requested = dp.any_rank(self.accelerator, stop.requested)  # all ranks stop together
+                    if last or stop.requested or alarm or (every and iteration % every == 0):
+                        self.state.save(iteration, self._elapsed())
+                    if stop.requested:
+                        progress.message(
+                            f"{stop.signal_name}: saved iteration {iteration}; continue with --resume"
+                        )
+                        raise KeyboardInterrupt
+                    if alarm:
+                        self._stopped_by_monitor(alarm, iteration, progress)
+                        break
+        finally:
+            self.scorer.close()
+            progress.close()
+            self.tracking.finish()
+        self._export()
+        if self.accelerator.is_main_process:
+            summarise(self.run_dir, progress)
+        return self.run_dir
+
+    def _evaluate_before(self, progress: Progress) -> int:
+        """The evaluation before training, or the one a stopped run left to do (``--resume``); returns
+        the first iteration to train."""
+        pending, at = self.eval_pending, self.start_iteration
+        if at > 0 and pending is None:
+            return at + 1
+        alarm = self._evaluation(at, pending["wall_seconds"] if pending else 0.0, progress)
+        if pending is not None:  # its checkpoint becomes the one an uninterrupted run saves
+            self.state.save(at, self._elapsed())
+            self.eval_pending = None
+            if alarm and at > 0:  # the uninterrupted run stopped here
+                self._stopped_by_monitor(alarm, at, progress)
+                return self.recipe.train.iterations + 1
+        return at + 1
+
+    def _iteration(self, iteration: int, progress: Progress) -> dict:
+        """``iterate`` under ``train.on_fault``; logs and returns its record (or the skip's)."""
+        before_iteration = self.loop.snapshot()
+        self.update.begin_iteration()
+        try:
+            record = self.iterate(iteration)
+            self.on_fault.iteration_done()
+        except faults.FAULTS as fault:
+            record = self.on_fault.iteration_failed(fault, iteration, before_iteration, self._elapsed())
+            progress.message(f"skipped iteration {iteration}: {fault}")
+        # wall-clock of the method: the optional diagnostics' seconds are left out
+        record["wall_seconds"] = self._elapsed()
+        for notice in self.notices:
+            self._write({"kind": "reward_worker_restarted", "iteration": iteration, "reason": notice})
+            progress.message(notice)
+        self.notices.clear()
+        self._write(record)
+        progress.update(iteration, _headline(record))
+        return record
+
+    def _evaluation(self, iteration: int, wall: float, progress: Progress) -> str | None:
+        """The evaluation at ``iteration`` under ``train.on_fault``; why the monitor stops the run or None."""
+        evaluated = self.on_fault.evaluation(
+            lambda: self.evaluate(iteration, wall=wall), iteration, wall, self._elapsed, progress
+        )
+        return self.watch(evaluated) if evaluated is not None else None
+
+    def _elapsed(self) -> float:
+        """Seconds of training so far, resumed runs included, the optional diagnostics left out."""
+        return time.perf_counter() - self.t_start - self.diagnostics_seconds
+
+    def _stopped_by_monitor(self, alarm: str, iteration: int, progress: Progress) -> None:
+        self._write({"kind": "stopped", "iteration": iteration, "reason": alarm})
+        progress.message(
+            f"{alarm}; stopped at iteration {iteration} with a checkpoint. --resume goes "
+            "on, but earlier evaluations still count: loosen [eval.monitor] first"
+        )
+
+    def _write(self, record: dict) -> None:
+        """One ``metrics.jsonl`` line, mirrored to the trackers (main process only)."""
+        if self.metrics is not None:
+            self.metrics.write(record)
+            self.tracking.log_record(record)
+
+    def _export(self) -> None:
+        """The adapter's export of the trained model (the served weights), gathered; one process writes."""
+        if self.update.routed is not None:
+            self.update.routed.restore()
+        export = getattr(self.session.adapter, "export_trained", None)
+        if export is None:
+            return
+        with (
+            served(self.average, self.session.trainable),
+            sharded_state.unsharded(self.session.adapter.denoiser),
+        ):
+            if self.accelerator.is_main_process:
+                export(self.run_dir / "final")
+
+    def iterate(self, iteration: int) -> dict[str, float]:
+        """One V-GRPO iteration; returns its metrics record."""
+        recipe, session = self.recipe, self.session
+        adapter = session.adapter
+        t0 = time.perf_counter()
+        prompts = self.loop.prompts.next(recipe.rollout.prompts_per_iteration)  # the same list on every rank
+        block = self.shard.prompt_block(len(prompts))  # this rank's whole groups
+        group_size = recipe.rollout.group_size
+        sampler = SamplerSpec(recipe.rollout.sampler, recipe.rollout.steps)
+        session.surrogate.begin_iteration(iteration)
+        first_row = block.start * group_size
+        fault: VgrpoError | None = None
+        t1 = t0
+        local_prompts = [p for p in prompts[block] for _ in range(group_size)]  # row order of the rollout
+        feeder = GroupFeeder(self.scorer, local_prompts, group_size, step=iteration)
+        self.scorer.busy_seconds()  # only this iteration's scoring counts below
+        try:
+            local_ids, cond, _, latents, samples, rollout_extras = generate_with_extras(
+                adapter,
+                prompts[block],
+                group_size=group_size,
+                sampler=sampler,
+                generator=self.loop.rollout_rng,
+                chunk_size=recipe.train.micro_batch_size,
+                device=self.device,
+                rollout_fn=surrogate_sampler(session.surrogate, self.accelerator.autocast),
+                noise_window=(first_row, len(prompts) * group_size),
+                noise_scope=session.surrogate.initial_noise,  # DanceGRPO: one noise per group
+                on_chunk=feeder if self.scorer.overlap else None,  # [scoring] overlap: scored meanwhile
+            )
+            group_ids = local_ids + block.start  # ids in the global batch
+            t1 = time.perf_counter()
+            flat_prompts = [prompts[int(g)] for g in group_ids]
+            if self.scorer.overlap:
+                local_terms, local_details = self.scorer.collect(feeder.finish())
+            else:
+                local_terms, local_details = self.scorer.score(samples, flat_prompts, step=iteration)
+        except RewardError as exc:
+            fault = exc
+        except Exception as exc:
+            if not faults.is_out_of_memory(exc):
+                raise
+            fault = faults.out_of_memory(iteration, prompts[block][0])
+        faults.agree_on_fault(self.accelerator, fault)
+        # the whole batch's scores on every rank: advantages and metrics see full groups
+        terms = {k: dp.gather_rows(self.accelerator, v) for k, v in sorted(local_terms.items())}
+        details = {k: dp.gather_rows(self.accelerator, v) for k, v in sorted(local_details.items())}
+        all_ids = torch.arange(len(prompts)).repeat_interleave(group_size)  # [N]
+        weights = {r.key: r.weight for r in session.rewards}
+        g = recipe.grpo
+        advantages, total_reward = compute_advantages(
+            terms,
+            weights,
+            all_ids,
+            std=g.std,
+            eps=g.eps,
+            aggregation=g.reward_aggregation,
+            soft_clip_eta=g.soft_clip_eta,
+        )
+        t2 = time.perf_counter()
+        mine = slice(first_row, first_row + len(group_ids))
+        batch = RolloutBatch(
+            prompts=flat_prompts,
+            group_ids=group_ids.to(self.device),
+            cond=cond,
+            latents=latents,
+            rewards=total_reward[mine].to(self.device),
+            reward_terms={k: v[mine].to(self.device) for k, v in terms.items()},
+            advantages=advantages[mine].to(self.device),
+            extras=rollout_extras,
+            rows=dp.RowsOf(all_ids.to(self.device), first_row) if self.shard.world > 1 else None,
+        )
+        with self.accelerator.autocast():  # the old policy's forwards, at most a micro-batch at a time
+            chunked = ChunkedPredictions(adapter, recipe.train.micro_batch_size)
+            session.surrogate.prepare(batch, chunked, self.loop.surrogate_rng)
+        t_diag = time.perf_counter()
+        diagnostics = self.diagnose(batch, iteration)
+        t_diag = time.perf_counter() - t_diag  # reported apart: not part of the method's training cost
+        update = self.update(batch, iteration)
+        t3 = time.perf_counter()
+        record: dict[str, Any] = {"kind": "train", "iteration": iteration, "epoch": self.loop.prompts.epoch}
+        record.update(reward_metrics(total_reward, terms, details, advantages, all_ids))
+        record.update(update)
+        record.update(diagnostics)
+        record["lr"] = self.optimizer.param_groups[0]["lr"]
+        self.diagnostics_seconds += t_diag
+        time_train = t3 - t2 - t_diag
+        # time_reward: what scoring added to the iteration (the wait after the rollout); time_scoring:
+        # the rewards' own seconds, which [scoring] overlap hides behind the rollout
+        record.update(time_rollout=t1 - t0, time_reward=t2 - t1, time_train=time_train)
+        record["time_scoring"] = self.scorer.busy_seconds()
+        record["time_iteration"] = t3 - t0
+        return record
+
+    def diagnose(self, batch: RolloutBatch, iteration: int) -> dict[str, float]:
+        """The surrogate diagnostics every ``log.diagnostics_every`` iterations, before the update.
+
+        A generator of their own (seeded by the iteration) keeps the training RNG streams, and so
+        resumed runs, unchanged; surrogates without a per-sample ELBO surrogate give ``{}``. Their
+        time is left out of ``time_train`` and ``wall_seconds``, so methods compare on their own cost.
+        """
+        every = self.recipe.log.diagnostics_every
+        if not every or iteration % every:
+            return {}
+        from vgrpo_platform.algo.diagnostics import measure_surrogate
+
+        generator = torch.Generator().manual_seed(self.recipe.run.seed + 3 + iteration)
+        with (
+            dp.bypassed(self.update.routed),
+            self.accelerator.autocast(),
+        ):  # per-rank gradients, never averaged
+            found = measure_surrogate(self.session.surrogate, batch, self.session.adapter, generator)
+        return dp.reduce_metrics(self.accelerator, found)  # each rank measured its own rows
+
+    # ------------------------------------------------------------------------------------- evaluation
+    def evaluate(self, iteration: int, *, wall: float) -> dict[str, float]:
+        """Held-out prompts, fixed seeds: the same noise every time, so curves compare like with like.
+
+        Returns the evaluation's record (as written to ``metrics.jsonl``); writes its grid.
+        """
+        with served(self.average, self.session.trainable):
+            return self._evaluate(iteration, wall=wall)
+
+    @torch.no_grad()
+    def _evaluate(self, iteration: int, *, wall: float) -> dict[str, float]:
+        grids = self.recipe.log.save_grids
+        result = evaluate(
+            self.session,
+            self.protocol,
+            accelerator=self.accelerator,
+            step=iteration,
+            offload_device=self.reward_device,
+            keep_samples=grids,
+            scorer=self.scorer,
+        )
+        record: dict = {"kind": "eval", "iteration": iteration, "wall_seconds": wall, **result.means()}
+        if self.accelerator.is_main_process:
+            self._write(record)
+            if grids:  # ranks hold consecutive blocks of the prompts, so the gathered order is theirs
+                per_prompt = self.protocol.samples_per_prompt
+                grid = result.save_grid(
+                    self.run_dir / "samples" / f"eval_{iteration:06d}.png",
+                    title=f"held-out prompts at iteration {iteration}, {per_prompt} fixed seeds each",
+                )
+                self.tracking.log_samples(iteration, grid, result.samples, per_prompt)
+        return record
+
+
+def _headline(record: dict[str, float]) -> dict[str, float]:
+    keys = ("reward", "loss", "kl", "ratio_mean", "time_iteration")
+    return {k: record[k] for k in keys if k in record}
+
+
+def run(resolved, *, resume: bool = False) -> Path:  # noqa: ANN001 - recipe.ResolvedRecipe
+    """Train the recipe to completion (or until interrupted); returns the run directory."""
+    return Trainer(resolved, resume=resume).run()

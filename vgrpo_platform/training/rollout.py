@@ -1,0 +1,152 @@
+"""Rollouts: G samples per prompt from the current policy, with any ODE sampler, then their rewards."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Literal
+
+import torch
+
+from vgrpo_platform.protocols import Adapter, Conditioning, SamplerSpec, Samples, SurrogateBase
+
+
+def repeat_conditioning(cond: Conditioning, index: torch.Tensor) -> Conditioning:
+    """Row ``index[i]`` of every conditioning tensor: how one prompt's encoding serves its whole group."""
+    return {k: v[index.to(v.device)] for k, v in cond.items()}
+
+
+def concat_samples(parts: Sequence[Samples]) -> Samples:
+    first = parts[0]
+    return Samples(
+        modality=first.modality,
+        data=torch.cat([p.data for p in parts]),
+        sample_rate=first.sample_rate,
+        fps=first.fps,
+    )
+
+
+NoiseScope = Literal["sample", "group"]
+
+
+def share_within_groups(noise: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Every row takes the noise of its group's first row: ``[N, *L]`` -> ``[N, *L]``.
+
+    Rows ``g * group_size ..`` form group ``g`` (the loop's layout), so the draw itself is unchanged:
+    the generator yields the same numbers whichever scope a surrogate asks for, and one noise per group
+    is the first draw of its block.
+    """
+    first = torch.arange(noise.shape[0]) // group_size * group_size  # [N]
+    return noise[first]
+
+
+RolloutFn = Callable[
+    [Adapter, torch.Tensor, Conditioning, SamplerSpec, torch.Generator],
+    tuple[torch.Tensor, dict[str, torch.Tensor]],
+]
+"""A surrogate's own sampler (``SurrogateBase.rollout``): ``(latents [B, *L], extras {key: [B, ...]})``."""
+
+
+@torch.no_grad()
+def generate(
+    adapter: Adapter,
+    prompts: Sequence[str],
+    *,
+    group_size: int,
+    sampler: SamplerSpec,
+    generator: torch.Generator,
+    chunk_size: int,
+    device: torch.device | str,
+    noise_window: tuple[int, int] | None = None,
+) -> tuple[torch.Tensor, Conditioning, torch.Tensor, torch.Tensor, Samples]:
+    """Sample ``group_size`` outputs for each prompt.
+
+    Returns ``(group_ids [B], cond [B, ...], noise [B, *L], latents [B, *L], samples)`` with
+    ``B = len(prompts) * group_size``; samples of one prompt are contiguous. Noise is drawn on the
+    CPU generator so a seed gives the same rollout on any device. ``noise_window = (start, total)``
+    (a data-parallel rank's share): draw noise for ``total`` samples and keep rows ``start ..
+    start + B``, so every rank's generator stays in step and each sample gets its single-process noise.
+    Rows past ``total`` (a rank padding its share to keep forwards in lockstep) get zero noise.
+    """
+    return generate_with_extras(
+        adapter,
+        prompts,
+        group_size=group_size,
+        sampler=sampler,
+        generator=generator,
+        chunk_size=chunk_size,
+        device=device,
+        noise_window=noise_window,
+    )[:5]
+
+
+@torch.no_grad()
+def generate_with_extras(
+    adapter: Adapter,
+    prompts: Sequence[str],
+    *,
+    group_size: int,
+    sampler: SamplerSpec,
+    generator: torch.Generator,
+    chunk_size: int,
+    device: torch.device | str,
+    rollout_fn: RolloutFn | None = None,
+    noise_window: tuple[int, int] | None = None,
+    noise_scope: NoiseScope = "sample",
+    on_chunk: Callable[[Samples], None] | None = None,
+) -> tuple[torch.Tensor, Conditioning, torch.Tensor, torch.Tensor, Samples, dict[str, torch.Tensor]]:
+    """``generate`` with an optional surrogate sampler (an SDE that records per-step log-probs).
+
+    With ``rollout_fn`` each chunk is sampled by it instead of ``adapter.sample``, drawing its step
+    noise from ``generator`` after the initial noise; its extras are concatenated along the batch.
+    ``noise_scope = "group"`` gives every sample of a prompt the same initial noise (DanceGRPO,
+    Flow-GRPO-Fast; a surrogate asks for it with ``initial_noise = "group"``), from the same draw.
+    ``on_chunk`` receives each decoded chunk as soon as it exists (``[scoring] overlap`` scores it
+    while the next chunk is generated).
+    Returns ``generate``'s tuple plus ``extras`` (empty without ``rollout_fn``).
+    """
+    group_ids = torch.arange(len(prompts)).repeat_interleave(group_size)  # [B]
+    cond = repeat_conditioning(adapter.encode_prompts(list(prompts)), group_ids)
+    start, total = noise_window if noise_window is not None else (0, len(group_ids))
+    noise = torch.randn((total, *adapter.latent_shape()), generator=generator)  # [N, *L]
+    if noise_scope == "group":  # the window starts on a group boundary (whole groups per rank)
+        noise = share_within_groups(noise, group_size)
+    elif noise_scope != "sample":
+        raise ValueError(f"unknown noise_scope {noise_scope!r}; expected 'sample' or 'group'")
+    noise = noise[start : start + len(group_ids)]  # [B, *L]
+    if len(noise) < len(group_ids):  # padding rows past the window (lockstep_rows): any noise will do
+        noise = torch.cat([noise, noise.new_zeros((len(group_ids) - len(noise), *noise.shape[1:]))])
+    noise = noise.to(device)
+    latents, decoded, extras = [], [], []
+    for start in range(0, len(group_ids), chunk_size):
+        part = slice(start, start + chunk_size)
+        cond_part = {k: v[part] for k, v in cond.items()}
+        if rollout_fn is None:
+            x0 = adapter.sample(noise[part], cond_part, sampler)
+        else:
+            x0, chunk_extras = rollout_fn(adapter, noise[part], cond_part, sampler, generator)
+            extras.append(chunk_extras)
+        latents.append(x0)
+        decoded.append(adapter.decode(x0))
+        if on_chunk is not None:
+            on_chunk(decoded[-1])
+    merged = {k: torch.cat([e[k] for e in extras]) for k in extras[0]} if extras else {}
+    return group_ids, cond, noise, torch.cat(latents), concat_samples(decoded), merged
+
+
+def surrogate_sampler(
+    surrogate: SurrogateBase, autocast: Callable[[], AbstractContextManager[Any]]
+) -> RolloutFn | None:
+    """The surrogate's own sampler (MDP baselines sample their own SDE), None where it has none.
+
+    It runs under ``autocast``, the autocast of the surrogate's ``loss``, so on-policy ratios are 1.
+    """
+    if not surrogate.owns_rollout:
+        return None
+    rollout = surrogate.rollout
+
+    def autocast_rollout(*args: Any) -> Any:
+        with autocast():
+            return rollout(*args)
+
+    return autocast_rollout

@@ -1,0 +1,169 @@
+"""A run's state apart from the code: what a checkpoint saves, and what ``--resume`` restores.
+
+Two parts. ``LoopState`` is what an iteration consumes besides the weights (the loop's random
+generators and the prompt sampler's position): restoring it replays the iteration, which is how a
+fault saves an exact checkpoint after the fact. ``RunState`` adds the weights, the optimiser, the
+learning-rate schedule and the moving average, gathered out of any sharding, and writes or reads them
+through ``checkpoint.py``.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from vgrpo_platform.errors import CheckpointError, RecipeError
+from vgrpo_platform.parallel import sharded_state
+from vgrpo_platform.training.checkpoint import latest_valid_checkpoint, list_checkpoints, save_checkpoint
+from vgrpo_platform.training.prompt_sampler import PromptSampler
+from vgrpo_platform.training.session import fingerprint
+
+if TYPE_CHECKING:
+    from vgrpo_platform.config.schema import Recipe
+    from vgrpo_platform.training.session import Session
+    from vgrpo_platform.training.update import PolicyUpdate
+
+
+@dataclass
+class LoopState:
+    """The random generators the loop draws from and the prompt sampler: an iteration's inputs."""
+
+    prompts: PromptSampler
+    rollout_rng: torch.Generator
+    surrogate_rng: torch.Generator
+    shuffle_rng: torch.Generator
+
+    @classmethod
+    def seeded(cls, prompts: PromptSampler, seed: int) -> LoopState:
+        """Three streams off one seed, so a change in one never shifts another's draws."""
+        streams = (torch.Generator().manual_seed(seed + k) for k in range(3))
+        return cls(prompts, *streams)
+
+    def rng_state(self) -> dict[str, torch.Tensor]:
+        """Every RNG state the loop draws from (what a checkpoint stores under ``rng``)."""
+        return {
+            "rollout": self.rollout_rng.get_state(),
+            "surrogate": self.surrogate_rng.get_state(),
+            "shuffle": self.shuffle_rng.get_state(),
+            "torch": torch.get_rng_state(),
+        }
+
+    def set_rng_state(self, rng: dict[str, torch.Tensor]) -> None:
+        self.rollout_rng.set_state(rng["rollout"])
+        self.surrogate_rng.set_state(rng["surrogate"])
+        self.shuffle_rng.set_state(rng["shuffle"])
+        torch.set_rng_state(rng["torch"])
+
+    def snapshot(self) -> dict[str, Any]:
+        """What an iteration consumes besides the weights: restoring it replays the iteration."""
+        return {"rng": self.rng_state(), "prompts": self.prompts.state_dict()}
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        self.set_rng_state(snapshot["rng"])
+        self.prompts.load_state_dict(snapshot["prompts"])
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """Where a resumed run goes on: after ``iteration``, with ``elapsed`` seconds behind it.
+
+    ``eval_pending``: the evaluation of ``iteration`` failed and is still to do (``faults.py``).
+    """
+
+    iteration: int
+    elapsed: float
+    eval_pending: dict[str, Any] | None
+
+
+@dataclass
+class RunState:
+    """Everything a checkpoint holds; every rank gathers it, the main process writes it."""
+
+    run_dir: Path
+    recipe: Recipe
+    accelerator: Any
+    session: Session  # its trainable weights, by name
+    update: PolicyUpdate  # the optimiser, its learning-rate schedule, the moving average
+    loop: LoopState
+
+    def save(self, iteration: int, elapsed: float, *, eval_pending: dict | None = None) -> Path | None:
+        """Checkpoint ``iteration``; ``eval_pending``: its evaluation failed and is still to do."""
+        update, average = self.update, self.update.average
+        weights = sharded_state.full_weights(self.session.trainable)
+        optimizer = sharded_state.gather_optimizer(update.optimizer, update.params)
+        averaged = average.full_state() if average is not None else None
+        path = None
+        if self.accelerator.is_main_process:
+            path = save_checkpoint(
+                self.run_dir,
+                iteration,
+                weights=weights,
+                optimizer={"optimizer": optimizer, "lr_schedule": update.lr_schedule.state_dict()},
+                rng=self.loop.rng_state(),
+                state={
+                    "fingerprint": fingerprint(self.recipe),
+                    "prompt_sampler": self.loop.prompts.state_dict(),
+                    "elapsed_seconds": elapsed,
+                    **({"eval_pending": eval_pending} if eval_pending is not None else {}),
+                },
+                keep_last=self.recipe.log.keep_last,
+                averaged=averaged,
+            )
+        self.accelerator.wait_for_everyone()
+        return path
+
+    def restore(self) -> Resumed:
+        """Load the newest complete checkpoint that fits this recipe (``--resume``)."""
+        update, average, trainable = self.update, self.update.average, self.session.trainable
+        ckpt = latest_valid_checkpoint(
+            self.run_dir, on_skip=lambda why: print(f"warning: {why}", file=sys.stderr)
+        )
+        if ckpt is None:
+            raise CheckpointError(
+                f"--resume found no complete checkpoint in {self.run_dir / 'checkpoints'}; "
+                "run without --resume"
+            )
+        if ckpt.state.get("fingerprint") != fingerprint(self.recipe):
+            raise CheckpointError(
+                f"checkpoint {ckpt.path} was written for a different model or LoRA setup than this recipe; "
+                "resume with the recipe that started the run, or choose another run.name"
+            )
+        expected = {k: tuple(p.shape) for k, p in trainable.items()}
+        found = {k: tuple(v.shape) for k, v in ckpt.weights.items()}
+        if expected != found:
+            raise CheckpointError(
+                f"checkpoint {ckpt.path} holds weights that do not fit this recipe's model; "
+                "resume with the recipe that started the run"
+            )
+        sharded_state.load_weights(trainable, ckpt.weights)
+        sharded_state.load_optimizer(update.optimizer, update.params, ckpt.optimizer["optimizer"])
+        update.lr_schedule.load_state_dict(ckpt.optimizer["lr_schedule"])
+        if average is not None:
+            if ckpt.averaged is None:  # EMA switched on for the rest of a run: it starts from here
+                print(
+                    f"warning: {ckpt.path} holds no moving average; it starts from the restored weights",
+                    file=sys.stderr,
+                )
+                average.load_full_state(ckpt.weights)
+            else:
+                average.load_full_state(ckpt.averaged)
+        self.loop.set_rng_state(ckpt.rng)
+        self.loop.prompts.load_state_dict(ckpt.state["prompt_sampler"])
+        return Resumed(
+            iteration=int(ckpt.state["iteration"]),
+            elapsed=float(ckpt.state.get("elapsed_seconds", 0.0)),
+            eval_pending=ckpt.state.get("eval_pending"),
+        )
+
+
+def check_run_dir(run_dir: Path, resume: bool) -> None:
+    """A new run never writes over another's checkpoints; ``--resume`` is the way to continue one."""
+    if not resume and list_checkpoints(run_dir):
+        raise RecipeError(
+            f"run directory {run_dir} already holds checkpoints; continue it with --resume, "
+            "or start a new run with --set run.name=<new name>"
+        )

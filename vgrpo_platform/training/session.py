@@ -1,0 +1,133 @@
+"""Turning a validated recipe into live objects: device, adapter, what is trained, rewards, surrogate.
+
+Shared by ``vgrpo run`` and ``vgrpo sample`` so both see the policy the same way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+import torch
+
+from vgrpo_platform import finetune
+from vgrpo_platform.config.schema import Recipe, TrainSection
+from vgrpo_platform.errors import PluginError
+from vgrpo_platform.protocols import Adapter, BuildContext, Samples, SurrogateBase
+from vgrpo_platform.training import offload
+from vgrpo_platform.training.scoring import WeightedReward
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        from vgrpo_platform.errors import RecipeError
+
+        raise RecipeError("run.device = 'cuda' but no CUDA device is visible; use 'auto' or 'cpu'")
+    return torch.device(name)
+
+
+def run_dir_of(recipe: Recipe) -> Path:
+    return Path(recipe.run.output_dir) / recipe.run.name
+
+
+@dataclass
+class Session:
+    adapter: Adapter
+    trainable: dict[str, torch.nn.Parameter]  # name -> parameter the optimiser updates
+    rewards: list[WeightedReward]
+    surrogate: SurrogateBase
+    context: BuildContext
+    eval_rewards: list[WeightedReward] = field(
+        default_factory=list
+    )  # [[eval.rewards]]: scored, never trained
+
+
+class ScoredInWorker:
+    """Stands for a reward that ``scoring.isolation = "process"`` builds in its worker, not here: the
+    session keeps its key and weight (advantages, evaluation totals) without holding its model."""
+
+    modalities: frozenset[str] = frozenset()
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def score(
+        self, samples: Samples, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]]
+    ) -> NoReturn:
+        raise RuntimeError(
+            f"reward '{self.key}' is scored by the reward worker (reward_workers.ProcessScorer)"
+        )
+
+
+def build_session(
+    resolved,  # noqa: ANN001 - recipe.ResolvedRecipe
+    context: BuildContext,
+    *,
+    rewards_here: bool = True,
+) -> Session:
+    """Build every component from the resolved recipe and make the policy trainable.
+
+    ``rewards_here = False``: the rewards live in a worker process; the session holds stand-ins."""
+    adapter = resolved.adapter.spec.factory(resolved.adapter.config, context)
+    trainable = make_trainable(adapter, resolved.recipe.train)
+    offload_rewards = resolved.recipe.train.offload_rewards
+
+    def build_rewards(refs) -> list[WeightedReward]:  # noqa: ANN001 - recipe.ResolvedReward list
+        built = []
+        for r in refs:
+            if not rewards_here:
+                built.append(WeightedReward(r.key, ScoredInWorker(r.key), r.weight))
+                continue
+            reward = r.spec.factory(r.config, context)
+            if offload_rewards:
+                offload.park(reward, keep=adapter)  # host memory until it scores (scoring.score_all)
+            built.append(WeightedReward(r.key, reward, r.weight))
+        return built
+
+    rewards = build_rewards(resolved.rewards)
+    surrogate = resolved.surrogate.spec.factory(resolved.surrogate.config, context)
+    if not isinstance(surrogate, SurrogateBase):  # the loop calls its hooks without asking
+        raise PluginError(
+            f"surrogate '{resolved.surrogate.spec.name}' built a {type(surrogate).__name__}, which does not "
+            "subclass vgrpo_platform.protocols.SurrogateBase; subclass it (its optional hooks are no-ops)"
+        )
+    with torch.random.fork_rng(devices=[]):  # evaluation-only rewards leave training's random draws alone
+        eval_rewards = build_rewards(resolved.eval_rewards)
+    return Session(
+        adapter=adapter,
+        trainable=trainable,
+        rewards=rewards,
+        surrogate=surrogate,
+        context=context,
+        eval_rewards=eval_rewards,
+    )
+
+
+def make_trainable(adapter: Adapter, train: TrainSection) -> dict[str, torch.nn.Parameter]:
+    denoiser = adapter.denoiser
+    enable_checkpointing = getattr(denoiser, "enable_gradient_checkpointing", None)  # diffusers models
+    if train.gradient_checkpointing and enable_checkpointing is not None:
+        enable_checkpointing()
+    if train.finetune == "lora":
+        targets = train.lora_targets or list(adapter.lora_target_modules)
+        finetune.attach_lora(denoiser, rank=train.lora_rank, alpha=train.lora_alpha, target_modules=targets)
+    else:
+        finetune.enable_full_finetune(denoiser)
+    denoiser.train()
+    return finetune.trainable_named_parameters(denoiser)
+
+
+def fingerprint(recipe: Recipe) -> str:
+    """What must match for a checkpoint's weights to fit this recipe's model."""
+    t = recipe.train
+    key = {
+        "adapter": recipe.adapter.model_dump(),
+        "finetune": [t.finetune, t.lora_rank, t.lora_alpha, t.lora_targets],
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
