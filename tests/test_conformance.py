@@ -181,6 +181,10 @@ TINY: dict[tuple[str, str], tuple[Any, Any]] = {
         ),
         {},
     ),
+    ("adapter", "qwen_image21"): (
+        lambda folder: __import__("tiny_qwen_image21").conformance_options(folder),
+        {},
+    ),
     ("adapter", "hunyuan_video15"): (_tiny_hunyuan_video15, {}),
     ("adapter", "longcat_audio"): (
         _tiny_diffusers(

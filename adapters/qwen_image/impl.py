@@ -62,6 +62,17 @@ def trim_text(embeds: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, t
     return embeds[:, :length], None if bool(mask.all()) else mask
 
 
+def pad_text(embeds: torch.Tensor, mask: torch.Tensor | None, length: int) -> Conditioning:
+    """The prompt cache's rows: ``embeds`` ``[B, S, D]`` zero-padded to ``[B, length, D]`` and its mask
+    ``[B, length]`` (1 on each prompt's own tokens; ``None``, as the pipelines pass an all-ones mask, is
+    all ones)."""
+    if mask is None:
+        mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
+    pad = length - embeds.shape[1]
+    embeds = torch.nn.functional.pad(embeds, (0, 0, 0, pad))
+    return {"prompt_embeds": embeds, "prompt_mask": torch.nn.functional.pad(mask.long(), (0, pad))}
+
+
 class QwenImageAdapter(TrueCFGMixin, DiffusersImageAdapter):
     """Qwen-Image MMDiT (trained) + video VAE and Qwen2.5-VL (frozen), optional true CFG."""
 
@@ -120,21 +131,16 @@ class QwenImageAdapter(TrueCFGMixin, DiffusersImageAdapter):
         embeds, mask = self.pipe.encode_prompt(
             prompt=prompts, device=self.device, max_sequence_length=self.max_sequence_length
         )
-        if mask is None:  # the pipeline drops an all-ones mask
-            mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
-        pad = self.max_sequence_length - embeds.shape[1]
-        embeds = torch.nn.functional.pad(embeds, (0, 0, 0, pad))
-        mask = torch.nn.functional.pad(mask.long(), (0, pad))
-        return {"prompt_embeds": embeds, "prompt_mask": mask}
+        return pad_text(embeds, mask, self.max_sequence_length)
 
     def pack(self, z: torch.Tensor) -> torch.Tensor:
         """``[B, C, h, w]`` -> ``[B, (h/2)(w/2), 4C]``, the transformer's token layout."""
         b, c, h, w = z.shape
-        return QwenImagePipeline._pack_latents(z, b, c, h, w)
+        return self.pipeline_class._pack_latents(z, b, c, h, w)
 
     def unpack(self, tokens: torch.Tensor) -> torch.Tensor:
         """``[B, (h/2)(w/2), 4C]`` -> ``[B, C, h, w]``."""
-        out = QwenImagePipeline._unpack_latents(
+        out = self.pipeline_class._unpack_latents(
             tokens, self.resolution, self.resolution, self.vae_scale_factor
         )  # [B, C, 1, h, w]
         return out[:, :, 0]  # drop the one-frame axis
