@@ -17,6 +17,7 @@ from typing import Any, Literal
 from vgrpo_platform.protocols import BuildContext
 from vgrpo_platform.training.checkpoint import Checkpoint
 from vgrpo_platform.training.evaluation import Evaluation, Protocol, evaluate
+from vgrpo_platform.training.reward_workers import InlineScorer
 from vgrpo_platform.training.session import resolve_device, run_dir_of
 
 RESULTS = "eval.json"
@@ -56,7 +57,8 @@ def evaluate_recipe(
     )
     session, ckpt = trained_session(resolved, context, checkpoint)
     protocol = Protocol.of(resolved)
-    result = evaluate(session, protocol, accelerator=accelerator, keep_samples=True)
+    scorer = InlineScorer(session.rewards, session.eval_rewards)
+    result = evaluate(session, protocol, accelerator=accelerator, scorer=scorer, keep_samples=True)
     out = Path(out_dir) if out_dir is not None else default_out_dir(resolved, ckpt)
     report = {
         "recipe": str(resolved.path) if resolved.path else None,

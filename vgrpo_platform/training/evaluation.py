@@ -28,7 +28,6 @@ from vgrpo_platform.protocols import SamplerSpec, Samples
 from vgrpo_platform.training.grids import save_grid
 from vgrpo_platform.training.monitor import DIVERSITY, EVAL_ONLY_TOTAL
 from vgrpo_platform.training.rollout import generate
-from vgrpo_platform.training.scoring import score_all
 
 
 @dataclass(frozen=True)
@@ -153,17 +152,17 @@ def evaluate(
     protocol: Protocol,
     *,
     accelerator: Any,
+    scorer: Any,
     step: int | None = None,
-    offload_device: torch.device | None = None,
     keep_samples: bool = False,
-    scorer: Any = None,
 ) -> Evaluation:
     """Sample the protocol's prompts with ``session``'s current weights and score them.
 
     ``session`` is a ``session.Session`` (adapter, training and evaluation-only rewards);
     ``accelerator`` anything with accelerate's ``num_processes`` / ``process_index`` / ``device``.
     Every rank returns the same scores; ``keep_samples`` gathers the samples too. ``scorer`` (a
-    ``reward_workers.Scorer``, the training's ``[scoring]``) scores instead of the session's rewards.
+    ``reward_workers.Scorer``: the training's ``[scoring]``, or an ``InlineScorer`` of the session's
+    rewards) scores the training and evaluation-only rewards.
     """
     shard = shard_of(accelerator)
     prompts, per_prompt = list(protocol.prompts), protocol.samples_per_prompt
@@ -193,12 +192,7 @@ def evaluate(
         flat_prompts = [mine[int(g)] for g in group_ids[:real]]
         if real:
             try:
-                if scorer is not None:
-                    terms, details = scorer.score(samples, flat_prompts, step=step, which="eval")
-                else:
-                    terms, details = score_all(
-                        rewards, samples, flat_prompts, step=step, offload_device=offload_device
-                    )
+                terms, details = scorer.score(samples, flat_prompts, step=step, which="eval")
             except RewardError as exc:  # raised below, after every rank has reached the gather
                 failure, local["error"] = exc, str(exc)
             else:

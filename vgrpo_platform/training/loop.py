@@ -261,8 +261,13 @@ class Trainer:
         first_row = block.start * group_size
         fault: VgrpoError | None = None
         t1 = t0
-        local_prompts = [p for p in prompts[block] for _ in range(group_size)]  # row order of the rollout
-        feeder = GroupFeeder(self.scorer, local_prompts, group_size, step=iteration)
+        flat_prompts = [p for p in prompts[block] for _ in range(group_size)]  # row order of the rollout
+        # [scoring] overlap: each chunk of whole groups is scored while the next is generated
+        feeder = (
+            GroupFeeder(self.scorer, flat_prompts, group_size, step=iteration)
+            if self.scorer.overlap
+            else None
+        )
         self.scorer.busy_seconds()  # only this iteration's scoring counts below
         try:
             local_ids, cond, _, latents, samples, rollout_extras = generate_with_extras(
@@ -276,12 +281,11 @@ class Trainer:
                 rollout_fn=surrogate_sampler(session.surrogate, self.accelerator.autocast),
                 noise_window=(first_row, len(prompts) * group_size),
                 noise_scope=session.surrogate.initial_noise,  # DanceGRPO: one noise per group
-                on_chunk=feeder if self.scorer.overlap else None,  # [scoring] overlap: scored meanwhile
+                on_chunk=feeder,
             )
             group_ids = local_ids + block.start  # ids in the global batch
             t1 = time.perf_counter()
-            flat_prompts = [prompts[int(g)] for g in group_ids]
-            if self.scorer.overlap:
+            if feeder is not None:
                 local_terms, local_details = self.scorer.collect(feeder.finish())
             else:
                 local_terms, local_details = self.scorer.score(samples, flat_prompts, step=iteration)
@@ -378,10 +382,9 @@ class Trainer:
             self.session,
             self.protocol,
             accelerator=self.accelerator,
-            step=iteration,
-            offload_device=self.reward_device,
-            keep_samples=grids,
             scorer=self.scorer,
+            step=iteration,
+            keep_samples=grids,
         )
         record: dict = {"kind": "eval", "iteration": iteration, "wall_seconds": wall, **result.means()}
         if self.accelerator.is_main_process:

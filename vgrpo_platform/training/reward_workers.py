@@ -55,6 +55,7 @@ class Scorer:
     """Scores batches with the recipe's rewards; ``submit`` may return before the scores exist."""
 
     overlap = False
+    _busy = 0.0  # seconds scored since busy_seconds() last ran; subclasses add to it
 
     def submit(
         self, samples: Samples, prompts: Sequence[str], *, step: int | None, which: str = TRAIN
@@ -72,7 +73,8 @@ class Scorer:
 
     def busy_seconds(self) -> float:
         """Seconds the rewards spent scoring since the last call (hidden or not): what overlap hides."""
-        return 0.0
+        busy, self._busy = self._busy, 0.0
+        return busy
 
     def close(self) -> None:
         pass
@@ -94,7 +96,6 @@ class InlineScorer(Scorer):
         self.offload_device = offload_device
         self.overlap = overlap
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="vgrpo-reward") if overlap else None
-        self._busy = 0.0
 
     def _run(self, which: str, samples: Samples, prompts: list[str], step: int | None) -> Scores:
         t0 = time.perf_counter()
@@ -118,10 +119,6 @@ class InlineScorer(Scorer):
             except RewardError as exc:
                 future.set_exception(exc)
         return ScoreJob(which, samples, prompts, step, future)
-
-    def busy_seconds(self) -> float:
-        busy, self._busy = self._busy, 0.0
-        return busy
 
     def close(self) -> None:
         if self._thread is not None:
@@ -186,7 +183,6 @@ class ProcessScorer(Scorer):
         self.max_restarts = max_restarts
         self.restarts = 0
         self.on_restart = on_restart
-        self._busy = 0.0
         self._gone: str | None = None  # why no worker is left (scoring.max_restarts spent)
         self._pool: Executor | None = self._start()
 
@@ -267,10 +263,6 @@ class ProcessScorer(Scorer):
         self._pool = self._start()
         for job in unscored:
             job.future = self._send(job.which, job.samples, job.prompts, job.step)
-
-    def busy_seconds(self) -> float:
-        busy, self._busy = self._busy, 0.0
-        return busy
 
     def close(self) -> None:
         if self._pool is not None:
