@@ -67,9 +67,85 @@ def assert_registered(entry: Any, name: str, config: Any, adapter_class: type) -
     return built
 
 
+def assert_invalid(config_class: type, *options: dict[str, Any]) -> None:
+    """``config_class`` refuses each of ``options`` with a ``ValueError``."""
+    for kwargs in options:
+        with pytest.raises(ValueError):
+            config_class(**kwargs)
+
+
+def size_options(resolution: int, tokens: int) -> list[str]:
+    """The recipe overrides of an adapter's size and text token count."""
+    return [f"adapter.options.resolution={resolution}", f"adapter.options.max_sequence_length={tokens}"]
+
+
+def pipeline_output(
+    pipe: Any, prompt: Any, side: int, latents: torch.Tensor, output_type: str = "pt", **options: Any
+) -> Any:
+    """The diffusers pipeline's own ``__call__`` for ``prompt`` at ``side`` x ``side`` pixels from
+    ``latents`` (``options``: its other arguments)."""
+    return pipe(prompt=prompt, height=side, width=side, latents=latents, output_type=output_type, **options)
+
+
 def seeded_noise(shape: tuple[int, ...], batch: int, seed: int = 0, dtype: torch.dtype = torch.float32):  # noqa: ANN201
     """``[batch, *shape]`` standard normal noise from its own seeded generator."""
     return torch.randn(batch, *shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def assert_frozen_text_encoders_and_vae(adapter: Any) -> None:
+    """No parameter of the adapter's text encoders or VAE requires a gradient."""
+    assert all(not p.requires_grad for enc in adapter.text_encoders for p in enc.parameters())
+    assert all(not p.requires_grad for p in adapter.vae.parameters())
+
+
+def assert_images_from_noise(adapter: Any, z: torch.Tensor, cond: dict[str, torch.Tensor], side: int) -> None:
+    """From noise ``z``: a prediction of its shape, and a 2-step Euler rollout that decodes to float32
+    ``side`` x ``side`` RGB images in ``[0, 1]``."""
+    assert adapter.predict(z, torch.rand(len(z)), cond).shape == z.shape
+    samples = adapter.decode(adapter.sample(z, cond, SamplerSpec("euler", 2)))
+    assert samples.modality == "image" and samples.data.shape == (len(z), 3, side, side)
+    assert samples.data.dtype == torch.float32 and 0 <= samples.data.min() and samples.data.max() <= 1
+
+
+def assert_cache_can_be_off(adapter_class: type, config: Any, prompts: Sequence[str]) -> None:
+    """An adapter built from ``config`` (``cache_text_embeddings=False``) keeps no text embeddings."""
+    uncached = adapter_from_config(adapter_class, config)
+    uncached.encode_prompts(prompts)
+    assert len(uncached.prompt_cache) == 0
+
+
+def decode_in_chunks(adapter: Any, latents: torch.Tensor, chunk: int = 2, whole: int = 8) -> torch.Tensor:
+    """``latents`` decoded ``chunk`` at a time equal them decoded ``whole`` at a time (all at once);
+    returns the latter's data. Leaves the adapter's ``decode_chunk_size`` at ``whole``."""
+    adapter.decode_chunk_size = chunk
+    chunked = adapter.decode(latents).data
+    adapter.decode_chunk_size = whole
+    decoded = adapter.decode(latents).data
+    torch.testing.assert_close(chunked, decoded, atol=1e-6, rtol=1e-5)
+    return decoded
+
+
+def directional_derivatives(
+    adapter: Any, z: torch.Tensor, t: torch.Tensor, cond: dict[str, torch.Tensor], h: float
+) -> tuple[float, float]:
+    """The derivative of the mean squared prediction along a random direction (seed 3) of the first
+    block's ``to_q`` weight (float64), by backpropagation and by central finite differences of step
+    ``h``. Leaves the weight as it was and its ``.grad`` (and any other parameter's) filled."""
+    weight = adapter.denoiser.transformer_blocks[0].attn.to_q.weight
+    direction = torch.randn(weight.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+
+    def loss() -> torch.Tensor:
+        return adapter.predict(z, t, cond).square().mean()
+
+    loss().backward()
+    analytic = (weight.grad * direction).sum().item()
+    with torch.no_grad():
+        weight += h * direction
+        up = loss().item()
+        weight -= 2 * h * direction
+        down = loss().item()
+        weight += h * direction
+    return analytic, (up - down) / (2 * h)
 
 
 # ------------------------------------------------------------------------------------------ export
@@ -119,26 +195,35 @@ def assert_reload_matches(
 
 
 def assert_exported_lora_reloads(
-    adapter: Any,
+    adapter_class: type,
+    pipeline_class: type,
+    config: Any,
     out: Path,
     prompts: Sequence[str],
     z: torch.Tensor,
     t: torch.Tensor,
-    make_fresh: Callable[[], Any],
 ) -> None:
-    """A "trained" LoRA exported to ``out`` and loaded by the pipeline's ``load_lora_weights`` into a fresh
-    adapter (``make_fresh()``, built after the export) gives the trained predictions; rank and alpha come
-    from the file's metadata."""
+    """A "trained" LoRA of the adapter built from ``config``, exported to ``out`` and loaded by the
+    pipeline's ``load_lora_weights`` into a fresh adapter (``adapter_class`` at ``config``'s resolution and
+    token count on a ``pipeline_class`` loaded from ``config.model`` after the export) gives the trained
+    predictions; rank and alpha come from the file's metadata."""
+    adapter = adapter_from_config(adapter_class, config)
     attach_trained_lora(adapter)
     export_lora(adapter, out)
     cond = adapter.encode_prompts(prompts)
-    fresh = make_fresh()
+    fresh = adapter_class(
+        pipeline_class.from_pretrained(config.model),
+        resolution=config.resolution,
+        max_sequence_length=config.max_sequence_length,
+    )
     load = partial(fresh.pipe.load_lora_weights, out)
     assert_reload_matches(adapter, fresh, load, z, t, cond, atol=1e-6, rtol=1e-5)
 
 
-def assert_full_export_reloads(adapter: Any, out: Path) -> None:
-    """Full fine-tuning exports ``out/transformer`` that ``from_pretrained`` reads back with the edit."""
+def assert_full_export_reloads(adapter_class: type, config: Any, out: Path) -> None:
+    """Full fine-tuning of the adapter built from ``config`` exports ``out/transformer`` that
+    ``from_pretrained`` reads back with the edit."""
+    adapter = adapter_from_config(adapter_class, config)
     finetune.enable_full_finetune(adapter.denoiser)
     with torch.no_grad():
         adapter.denoiser.proj_out.weight.add_(0.1)
@@ -167,17 +252,24 @@ def brightness_run(model: Path, tmp_path: Path, *options: str) -> list[str]:
     return [f'adapter.options.model="{model}"', *options, 'rewards.0={name="brightness"}', *cpu_run(tmp_path)]
 
 
-def two_iterations(group_size: int = 2, steps: int = 3, micro_batch_size: int = 4) -> list[str]:
-    """Overrides of the two short LoRA iterations the end-to-end recipe tests run (two prompts each)."""
+def lora_iterations(
+    iterations: int, group_size: int, steps: int, micro_batch_size: int, lr: str = "1e-2"
+) -> list[str]:
+    """Overrides of short LoRA (rank 4) iterations of two prompts each."""
     return [
         f"rollout.group_size={group_size}",
         "rollout.prompts_per_iteration=2",
         f"rollout.steps={steps}",
-        "train.iterations=2",
+        f"train.iterations={iterations}",
         f"train.micro_batch_size={micro_batch_size}",
-        "train.lr=1e-2",
+        f"train.lr={lr}",
         "train.lora_rank=4",
     ]
+
+
+def two_iterations(group_size: int = 2, steps: int = 3, micro_batch_size: int = 4) -> list[str]:
+    """Overrides of the two short LoRA iterations the end-to-end recipe tests run (two prompts each)."""
+    return lora_iterations(2, group_size, steps, micro_batch_size)
 
 
 def learning_run(samples_per_prompt: int, *train: str) -> list[str]:

@@ -13,6 +13,9 @@ brightness ``b`` in ``[0, 1]`` (of the decoded 8-bit PNG):
 
 Every request is recorded (``requests``); ``override(body)`` may answer instead (``(status, body)``),
 ``delay_s`` slows each reply, and ``max_in_flight`` counts concurrent requests.
+
+The loopback helpers at the end (``serving``, ``unused_port_url``, ``one_line_error``) serve the remote
+reward's tests too.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import base64
 import io
 import json
 import math
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -176,3 +180,21 @@ def serve_in_background(app: Any) -> str:
     server = make_server(HOST, 0, app, threaded=True)
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     return f"http://{HOST}:{server.server_port}"
+
+
+def unused_port_url() -> str:
+    """``http://host:port`` of a loopback port that was free a moment ago, and nothing listens on it now."""
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        port = s.getsockname()[1]
+    return f"http://{HOST}:{port}"
+
+
+def one_line_error(excinfo: Any, *fragments: str) -> str:
+    """The message of the error in ``excinfo`` (a ``pytest.raises`` result): one line, holding every
+    fragment."""
+    message = str(excinfo.value)
+    assert "\n" not in message
+    for fragment in fragments:
+        assert fragment in message, message
+    return message

@@ -105,13 +105,7 @@ def test_recipe_runs_v_grpo_iterations_and_exports_a_lora(model_dir, tmp_path) -
     registry = checks.registry_of(audio_entry, audio_rewards, surrogates_plugin)
     overrides = [
         *run_overrides(model_dir, tmp_path, -10.0),
-        "rollout.group_size=4",
-        "rollout.prompts_per_iteration=2",
-        "rollout.steps=2",
-        "train.iterations=3",
-        "train.micro_batch_size=8",
-        "train.lr=3e-2",
-        "train.lora_rank=4",
+        *checks.lora_iterations(3, group_size=4, steps=2, micro_batch_size=8, lr="3e-2"),
         "eval.every=0",
     ]
     resolved = resolve_recipe(RECIPES / "audio_clap.toml", overrides, registry=registry)

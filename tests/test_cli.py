@@ -54,6 +54,7 @@ def factory(config, context):
     raise AssertionError("vgrpo check/plugins must not build components")
 
 
+# intended copy of tests/test_plugins.py (PluginA): a fake plugin with this CLI suite's own names
 class TestPlugin:
     vgrpo_distribution = "test-dist"
 

@@ -470,6 +470,7 @@ class Mean:
         return {"score": x, "std": samples.data.flatten(1).std(1)}
 
 
+# intended copy of tests/test_conformance.py (adapter defects table): the reward kit's own defects
 @pytest.mark.parametrize(
     ("defect", "check", "message"),
     [

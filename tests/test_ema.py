@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from toy_runs import crash_at
 
 from vgrpo_platform.config.recipe import resolve_recipe
 from vgrpo_platform.training.checkpoint import list_checkpoints, load_checkpoint
@@ -92,17 +93,7 @@ def test_a_run_trains_the_raw_weights_and_evaluates_the_average(tmp_path):
 
 def test_resume_restores_the_average(tmp_path, monkeypatch):
     reference = _run(tmp_path, "ref", "train.ema_decay=0.5")
-    original = Trainer.iterate
-
-    def crash_at_3(self, iteration):
-        if iteration == 3:
-            raise RuntimeError("simulated crash")
-        return original(self, iteration)
-
-    monkeypatch.setattr(Trainer, "iterate", crash_at_3)
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        _run(tmp_path, "crash", "train.ema_decay=0.5")
-    monkeypatch.setattr(Trainer, "iterate", original)
+    crash_at(monkeypatch, 3, lambda: _run(tmp_path, "crash", "train.ema_decay=0.5"))
     resumed = _run(tmp_path, "crash", "train.ema_decay=0.5", resume=True)
     assert _records(resumed, "eval") == _records(reference, "eval")
     done, expected = (load_checkpoint(list_checkpoints(d)[-1]).averaged for d in (resumed, reference))

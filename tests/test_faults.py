@@ -26,6 +26,11 @@ def toy(tmp_path: Path, name: str, *overrides: str):
     return resolve_recipe(TOY, [*base, *BASE, *overrides])
 
 
+def kinds_of(records: list[dict]) -> list[tuple[str, int]]:
+    """Each metrics record's kind and iteration, in the order written."""
+    return [(r["kind"], r["iteration"]) for r in records]
+
+
 def fail_on(trainer: Trainer, target: str, iterations: set[int], failure) -> None:  # noqa: ANN001
     """Make ``target`` ("reward", "loss" or "sample") fail while the trainer runs those iterations."""
     current = {"iteration": 0}
@@ -103,7 +108,7 @@ def test_skip_drops_the_faulty_iteration_without_touching_the_weights_and_goes_o
     trainer.run()
 
     records = read_metrics(trainer.run_dir / "metrics.jsonl")
-    kinds = [(r["kind"], r["iteration"]) for r in records]
+    kinds = kinds_of(records)
     assert kinds == [
         ("eval", 0),
         ("train", 1),
@@ -126,7 +131,7 @@ def test_skip_still_stops_after_too_many_faults_in_a_row(tmp_path):
     fail_on(trainer, "reward", {2, 3, 4}, nan_scores)
     with pytest.raises(RewardError, match="iteration 3"):
         trainer.run()
-    kinds = [(r["kind"], r["iteration"]) for r in read_metrics(trainer.run_dir / "metrics.jsonl")]
+    kinds = kinds_of(read_metrics(trainer.run_dir / "metrics.jsonl"))
     assert kinds == [("eval", 0), ("train", 1), ("skipped", 2)]
     # the stop at iteration 3 saved the state after iteration 2 (a skipped one: the weights of 1)
     assert [p.name for p in list_checkpoints(trainer.run_dir)] == ["iter_000002"]
@@ -247,8 +252,9 @@ def test_skip_drops_a_failed_evaluation_and_goes_on_but_not_the_final_one(tmp_pa
         trainer.run()
     message = str(info.value)
     assert "the final evaluation of iteration 5 failed" in message and "never skipped" in message
+    # intended copy of tests/test_faults.py (test_skip_drops_the_faulty_iteration...): own sequence
     records = read_metrics(trainer.run_dir / "metrics.jsonl")
-    kinds = [(r["kind"], r["iteration"]) for r in records]
+    kinds = kinds_of(records)
     assert kinds == [
         ("eval_skipped", 0),
         ("train", 1),
@@ -262,7 +268,7 @@ def test_skip_drops_a_failed_evaluation_and_goes_on_but_not_the_final_one(tmp_pa
     assert "returned nan" in records[0]["reason"] and "rewards must be finite" in records[0]["reason"]
     assert [(name, bool(p)) for name, p in pending_of(trainer.run_dir)] == [("iter_000005", True)]
     resumed = Trainer(toy(tmp_path, "skip_eval", *every), resume=True).run()
-    kinds = [(r["kind"], r["iteration"]) for r in read_metrics(resumed / "metrics.jsonl")]
+    kinds = kinds_of(read_metrics(resumed / "metrics.jsonl"))
     assert kinds[-2:] == [("train", 5), ("eval", 5)]
 
 
@@ -275,6 +281,6 @@ def test_evaluation_faults_count_towards_max_consecutive_skips(tmp_path):
     with pytest.raises(RewardError) as info:
         trainer.run()
     assert "max_consecutive_skips" in str(info.value)
-    kinds = [(r["kind"], r["iteration"]) for r in read_metrics(trainer.run_dir / "metrics.jsonl")]
+    kinds = kinds_of(read_metrics(trainer.run_dir / "metrics.jsonl"))
     assert kinds == [("eval", 0), ("train", 1), ("eval", 1), ("skipped", 2)]
     assert [name for name, _ in pending_of(trainer.run_dir)] == ["iter_000002"]

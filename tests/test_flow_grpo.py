@@ -5,13 +5,13 @@ equals that of a hand-written per-step objective."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
 from tiny_models import DT
 from tiny_models import LinearVelocityAdapter as TinyAdapter
 from torch.distributions import Independent, Normal, kl_divergence
+from toy_runs import surrogate_toy_run
 
 from vgrpo_platform.algo import sde
 from vgrpo_platform.algo.surrogates.flow_grpo import FlowGRPOSurrogate, euler_grid, window_mask, window_start
@@ -212,33 +212,14 @@ def test_mixgrpo_window_moves_and_only_window_steps_are_stochastic_and_trained()
 
 
 def test_flow_grpo_trains_through_the_loop_with_its_own_sde_rollout(tmp_path):
-    from vgrpo_platform.config.recipe import resolve_recipe
-    from vgrpo_platform.training.loop import Trainer
-    from vgrpo_platform.training.metrics import read_metrics
-
-    toy = Path(__file__).resolve().parents[1] / "recipes" / "toy.toml"
-    overrides = [
-        f"run.output_dir={tmp_path.as_posix()!r}",
-        "surrogate.name='flow_grpo'",
+    records, _ = surrogate_toy_run(
+        tmp_path,
+        "flow_grpo",
         "surrogate.options.window_size=2",
-        "log.progress='none'",
-        "log.save_grids=false",
         "log.diagnostics_every=1",
-        "train.iterations=2",
         "train.gradient_steps_per_iteration=2",
-        "train.micro_batch_size=2",
-        "eval.every=0",
-        "eval.max_prompts=1",
-        "eval.samples_per_prompt=1",
-        "rollout.group_size=4",
-        "rollout.prompts_per_iteration=1",
         "rollout.steps=3",
-    ]
-    trainer = Trainer(resolve_recipe(toy, overrides))
-    before = {k: p.detach().clone() for k, p in trainer.session.trainable.items()}
-    run_dir = trainer.run()
-    assert any(not torch.equal(p.detach(), before[k]) for k, p in trainer.session.trainable.items())
-    records = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "train"]
+    )
     assert [r["sde_steps"] for r in records] == [2.0, 2.0]  # MixGRPO window of 2 of the 3 steps
     assert all(r["kl"] >= 0 and math.isfinite(r["loss"]) for r in records)
     assert not any(k.startswith("diag/") for k in records[-1])  # MDP: no ELBO diagnostics
@@ -415,30 +396,7 @@ def test_flow_grpo_leaves_the_last_step_out_when_asked_and_masks_its_kl_too():
 
 @pytest.mark.parametrize("name", ["dance_grpo", "flow_grpo_fast"])
 def test_the_flow_grpo_presets_train_through_the_loop(tmp_path, name):
-    from vgrpo_platform.config.recipe import resolve_recipe
-    from vgrpo_platform.training.loop import Trainer
-    from vgrpo_platform.training.metrics import read_metrics
-
-    toy = Path(__file__).resolve().parents[1] / "recipes" / "toy.toml"
-    overrides = [
-        f"run.output_dir={tmp_path.as_posix()!r}",
-        f"surrogate.name={name!r}",
-        "log.progress='none'",
-        "log.save_grids=false",
-        "train.iterations=2",
-        "train.micro_batch_size=2",
-        "eval.every=0",
-        "eval.max_prompts=1",
-        "eval.samples_per_prompt=1",
-        "rollout.group_size=4",
-        "rollout.prompts_per_iteration=1",
-        "rollout.steps=6",
-    ]
-    trainer = Trainer(resolve_recipe(toy, overrides))
-    before = {k: p.detach().clone() for k, p in trainer.session.trainable.items()}
-    run_dir = trainer.run()
-    assert any(not torch.equal(p.detach(), before[k]) for k, p in trainer.session.trainable.items())
-    records = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "train"]
+    records, _ = surrogate_toy_run(tmp_path, name, "rollout.steps=6")
     want = 3.0 if name == "dance_grpo" else 2.0  # int(0.6 * 5) random steps; a 2-step branch
     assert [r["sde_steps"] for r in records] == [want, want]
     assert all(math.isfinite(r["loss"]) for r in records)

@@ -103,12 +103,8 @@ def test_both_names_register_with_documented_configs_and_a_torch_free_entry_modu
     assert klein is Flux2KleinAdapterConfig and all(
         field.description for field in klein.model_fields.values()
     )
-    with pytest.raises(ValueError):
-        Flux2AdapterConfig(resolution=520)  # not a multiple of 16
-    with pytest.raises(ValueError):
-        Flux2KleinAdapterConfig(cfg_scale=0.5)
-    with pytest.raises(ValueError):
-        Flux2KleinAdapterConfig(unknown=1)
+    checks.assert_invalid(Flux2AdapterConfig, {"resolution": 520})  # not a multiple of 16
+    checks.assert_invalid(Flux2KleinAdapterConfig, {"cfg_scale": 0.5}, {"unknown": 1})
 
 
 def test_shapes_packing_position_ids_and_frozen_parts(dev) -> None:
@@ -117,8 +113,7 @@ def test_shapes_packing_position_ids_and_frozen_parts(dev) -> None:
     cond = dev.encode_prompts(PROMPTS)
     assert cond["prompt_embeds"].shape == (3, DEV_TOKENS, 48)  # three stacked hidden layers of width 16
     torch.testing.assert_close(cond["prompt_embeds"][0], cond["prompt_embeds"][2])
-    assert all(not p.requires_grad for enc in dev.text_encoders for p in enc.parameters())
-    assert all(not p.requires_grad for p in dev.vae.parameters())
+    checks.assert_frozen_text_encoders_and_vae(dev)
     z = noise(2)
     tokens, ids = dev.pipe.prepare_latents(2, LATENT[0] // 4, RESOLUTION, RESOLUTION, z.dtype, "cpu", None, z)
     assert torch.equal(dev.pack(z), tokens) and torch.equal(dev.img_ids, ids[0])
@@ -147,18 +142,18 @@ def test_shift_is_the_pipelines_empirical_mu_at_shift_steps(dev, dev_dir) -> Non
 def test_dev_rollout_and_decode_equal_the_pipeline_with_embedded_guidance(dev) -> None:
     z = noise(1, seed=3)
     image = dev.decode(dev.sample(z, dev.encode_prompts(["a red cat"]), SamplerSpec("euler", STEPS))).data
-    call = dict(
-        prompt="a red cat",
-        height=RESOLUTION,
-        width=RESOLUTION,
+    call = partial(
+        checks.pipeline_output,
+        dev.pipe,
+        "a red cat",
+        RESOLUTION,
+        z,
         num_inference_steps=STEPS,
         max_sequence_length=DEV_TOKENS,
-        latents=z,
-        output_type="pt",
     )
-    reference = dev.pipe(**call, guidance_scale=4.0).images
+    reference = call(guidance_scale=4.0).images
     torch.testing.assert_close(image, reference, atol=1e-5, rtol=1e-5)
-    other = dev.pipe(**call, guidance_scale=1.0).images
+    other = call(guidance_scale=1.0).images
     assert (other - reference).abs().max() > 1e-3  # the guidance value reaches the transformer
 
 
@@ -168,30 +163,29 @@ def test_klein_rollout_and_decode_equal_the_pipeline_with_and_without_true_cfg(k
     z = noise(2, seed=4)
     cond = adapter.encode_prompts(PROMPTS[:2])
     image = adapter.decode(adapter.sample(z, cond, SamplerSpec("euler", STEPS))).data
-    reference = adapter.pipe(
-        prompt=PROMPTS[:2],
-        height=RESOLUTION,
-        width=RESOLUTION,
+    reference = checks.pipeline_output(
+        adapter.pipe,
+        PROMPTS[:2],
+        RESOLUTION,
+        z,
         num_inference_steps=STEPS,
         guidance_scale=cfg_scale,
         max_sequence_length=KLEIN_TOKENS,
-        latents=z,
-        output_type="pt",
     ).images
     torch.testing.assert_close(image, reference, atol=1e-5, rtol=1e-5)
 
 
 def test_predict_equals_the_transformer_called_as_the_dev_pipeline_calls_it(dev) -> None:
     with transformer_calls(dev.pipe) as calls:
-        dev.pipe(
-            prompt=PROMPTS[:2],
-            height=RESOLUTION,
-            width=RESOLUTION,
+        checks.pipeline_output(
+            dev.pipe,
+            PROMPTS[:2],
+            RESOLUTION,
+            noise(2, seed=5),
+            "latent",
             num_inference_steps=3,
             guidance_scale=4.0,
             max_sequence_length=DEV_TOKENS,
-            latents=noise(2, seed=5),
-            output_type="latent",
         )
     assert len(calls) == 3
     cond = dev.encode_prompts(PROMPTS[:2])
@@ -220,15 +214,15 @@ def test_predict_equals_the_transformer_called_as_the_dev_pipeline_calls_it(dev)
 def test_klein_guided_prediction_equals_the_pipelines_cfg_combination(klein) -> None:
     z = noise(1, seed=7)
     with transformer_calls(klein.pipe) as calls:
-        klein.pipe(
-            prompt="a red cat",
-            height=RESOLUTION,
-            width=RESOLUTION,
+        checks.pipeline_output(
+            klein.pipe,
+            "a red cat",
+            RESOLUTION,
+            z,
+            "latent",
             num_inference_steps=1,
             guidance_scale=3.0,
             max_sequence_length=KLEIN_TOKENS,
-            latents=z,
-            output_type="latent",
         )
     (cond_in, cond_out), (null_in, null_out) = calls  # conditional, then the empty prompt
     assert not torch.equal(cond_in["encoder_hidden_states"], null_in["encoder_hidden_states"])
@@ -306,26 +300,25 @@ def test_lora_export_loads_with_the_pipelines_loader_and_generates_the_same(
         adapter.sample(z, adapter.encode_prompts(["a red cat"]), SamplerSpec("euler", STEPS))
     )
     fresh = pipeline.from_pretrained(folder)
-    call = dict(
-        prompt="a red cat",
-        height=RESOLUTION,
-        width=RESOLUTION,
+    call = partial(
+        checks.pipeline_output,
+        fresh,
+        "a red cat",
+        RESOLUTION,
+        z,
         num_inference_steps=STEPS,
         guidance_scale=guidance,
         max_sequence_length=tokens,
-        latents=z,
-        output_type="pt",
     )
-    base = fresh(**call).images
+    base = call().images
     fresh.load_lora_weights(tmp_path / "final")  # rank and alpha come from the file's metadata
-    loaded = fresh(**call).images
+    loaded = call().images
     assert (image.data - base).abs().max() > 1e-3  # the LoRA changes the images
     torch.testing.assert_close(loaded, image.data, atol=1e-5, rtol=1e-5)
 
 
 def test_full_finetune_export_is_a_transformer_folder(dev_dir, tmp_path) -> None:
-    adapter = Flux2Adapter.from_config(dev_config(dev_dir), BuildContext())
-    checks.assert_full_export_reloads(adapter, tmp_path / "final")
+    checks.assert_full_export_reloads(Flux2Adapter, dev_config(dev_dir), tmp_path / "final")
 
 
 def test_resolution_and_missing_weights_errors(dev_dir, tmp_path) -> None:
@@ -352,8 +345,7 @@ def test_recipe_runs_two_iterations_end_to_end_and_exports_a_loadable_lora(
         *checks.brightness_run(
             folder,
             tmp_path,
-            f"adapter.options.resolution={RESOLUTION}",
-            f"adapter.options.max_sequence_length={tokens}",
+            *checks.size_options(RESOLUTION, tokens),
             "adapter.options.shift_steps=2",
         ),
         *checks.two_iterations(steps=2),

@@ -41,11 +41,6 @@ PROMPTS = ["a red cat", "a blue dog on a hill", "a red cat"]
 LATENT = (4, RESOLUTION // 2, RESOLUTION // 2)  # tiny VAE: 4 channels, factor 2
 
 
-def tiny_options() -> list[str]:
-    """The recipe overrides of ``config``'s size and token count."""
-    return [f"adapter.options.resolution={RESOLUTION}", f"adapter.options.max_sequence_length={TOKENS}"]
-
-
 def config(model: Path, **options) -> FluxAdapterConfig:
     return FluxAdapterConfig(model=str(model), resolution=RESOLUTION, max_sequence_length=TOKENS, **options)
 
@@ -56,10 +51,7 @@ noise = partial(checks.seeded_noise, LATENT)
 
 def test_registered_with_a_documented_config_and_a_torch_free_entry_module(model_dir) -> None:
     checks.assert_registered(flux_entry, "flux", config(model_dir), FluxAdapter)
-    with pytest.raises(ValueError):
-        FluxAdapterConfig(resolution=520)  # not a multiple of 16
-    with pytest.raises(ValueError):
-        FluxAdapterConfig(unknown=1)
+    checks.assert_invalid(FluxAdapterConfig, {"resolution": 520}, {"unknown": 1})  # 520: not a multiple of 16
 
 
 def test_shapes_dtype_and_frozen_parts(adapter) -> None:
@@ -68,13 +60,8 @@ def test_shapes_dtype_and_frozen_parts(adapter) -> None:
     cond = adapter.encode_prompts(PROMPTS)
     assert cond["prompt_embeds"].shape == (3, TOKENS, 32) and cond["pooled_prompt_embeds"].shape == (3, 32)
     torch.testing.assert_close(cond["prompt_embeds"][0], cond["prompt_embeds"][2])
-    assert all(not p.requires_grad for enc in adapter.text_encoders for p in enc.parameters())
-    assert all(not p.requires_grad for p in adapter.vae.parameters())
-    z = noise(3)
-    assert adapter.predict(z, torch.rand(3), cond).shape == z.shape
-    samples = adapter.decode(adapter.sample(z, cond, SamplerSpec("euler", 2)))
-    assert samples.modality == "image" and samples.data.shape == (3, 3, RESOLUTION, RESOLUTION)
-    assert samples.data.dtype == torch.float32 and 0 <= samples.data.min() and samples.data.max() <= 1
+    checks.assert_frozen_text_encoders_and_vae(adapter)
+    checks.assert_images_from_noise(adapter, noise(3), cond, RESOLUTION)
 
 
 def test_packing_round_trips_and_matches_diffusers(adapter) -> None:
@@ -110,15 +97,15 @@ def test_rollout_and_decode_equal_the_diffusers_pipeline(adapter, model_dir) -> 
     cond = adapter.encode_prompts(["a red cat"])
     image = adapter.decode(adapter.sample(z, cond, SamplerSpec("euler", 4))).data
     pipe = FluxPipeline.from_pretrained(model_dir)
-    reference = pipe(
+    latents = FluxPipeline._pack_latents(z, 1, *LATENT)
+    reference = checks.pipeline_output(
+        pipe,
         "a red cat",
-        height=RESOLUTION,
-        width=RESOLUTION,
+        RESOLUTION,
+        latents,
         num_inference_steps=4,
         guidance_scale=3.5,
         max_sequence_length=TOKENS,
-        latents=FluxPipeline._pack_latents(z, 1, *LATENT),
-        output_type="pt",
     ).images
     torch.testing.assert_close(image, reference, atol=1e-5, rtol=1e-5)
     other = FluxAdapter(pipe, resolution=RESOLUTION, max_sequence_length=TOKENS, guidance=1.0)
@@ -157,18 +144,12 @@ def test_text_embeddings_are_cached_per_prompt(model_dir) -> None:
     fresh = encode(["a blue dog on a hill"])  # uncached, alone in its batch
     for key in first:
         torch.testing.assert_close(again[key][0], fresh[key][0])
-    uncached = FluxAdapter.from_config(config(model_dir, cache_text_embeddings=False), BuildContext())
-    uncached.encode_prompts(PROMPTS)
-    assert len(uncached.prompt_cache) == 0
+    checks.assert_cache_can_be_off(FluxAdapter, config(model_dir, cache_text_embeddings=False), PROMPTS)
 
 
 def test_decode_in_chunks_equals_one_decode(adapter) -> None:
     latents = noise(5, seed=5)
-    adapter.decode_chunk_size = 2
-    chunked = adapter.decode(latents).data
-    adapter.decode_chunk_size = 8
-    whole = adapter.decode(latents).data
-    torch.testing.assert_close(chunked, whole, atol=1e-6, rtol=1e-5)
+    whole = checks.decode_in_chunks(adapter, latents)
     cfg = adapter.vae.config  # decode = VAE(latents / scaling + shift), rescaled to [0, 1]
     with torch.no_grad():
         direct = adapter.vae.decode(latents / cfg.scaling_factor + cfg.shift_factor).sample
@@ -182,42 +163,21 @@ def test_predict_gradient_matches_finite_differences(model_dir) -> None:
     adapter.img_ids = adapter.img_ids.double()
     cond = {k: v.double() for k, v in adapter.encode_prompts(PROMPTS[:2]).items()}
     z, t = noise(2, dtype=torch.float64), torch.tensor([0.3, 0.8])
-    weight = adapter.denoiser.transformer_blocks[0].attn.to_q.weight
-    direction = torch.randn(weight.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
-
-    def loss() -> torch.Tensor:
-        return adapter.predict(z, t, cond).square().mean()
-
-    loss().backward()
-    analytic = (weight.grad * direction).sum().item()
-    h = 1e-4
-    with torch.no_grad():
-        weight += h * direction
-        up = loss().item()
-        weight -= 2 * h * direction
-        down = loss().item()
-        weight += h * direction
+    analytic, numeric = checks.directional_derivatives(adapter, z, t, cond, h=1e-4)
     # diffusers applies FLUX's rotary embedding in float32 (x.float()), so agreement is ~1e-4, not 1e-8
-    assert analytic == pytest.approx((up - down) / (2 * h), rel=1e-3)
+    assert analytic == pytest.approx(numeric, rel=1e-3)
     assert all(p.grad is None for enc in adapter.text_encoders for p in enc.parameters())
 
 
 def test_lora_export_loads_into_a_fresh_pipeline_with_the_same_predictions(model_dir, tmp_path) -> None:
-    adapter = FluxAdapter.from_config(config(model_dir), BuildContext())
     z, t = noise(2, seed=6), torch.tensor([0.4, 0.9])
-
-    def fresh() -> FluxAdapter:
-        return FluxAdapter(
-            FluxPipeline.from_pretrained(model_dir), resolution=RESOLUTION, max_sequence_length=TOKENS
-        )
-
-    checks.assert_exported_lora_reloads(adapter, tmp_path / "final", PROMPTS[:2], z, t, fresh)
+    checks.assert_exported_lora_reloads(
+        FluxAdapter, FluxPipeline, config(model_dir), tmp_path / "final", PROMPTS[:2], z, t
+    )
 
 
 def test_full_finetune_export_is_a_transformer_folder(model_dir, tmp_path) -> None:
-    checks.assert_full_export_reloads(
-        FluxAdapter.from_config(config(model_dir), BuildContext()), tmp_path / "final"
-    )
+    checks.assert_full_export_reloads(FluxAdapter, config(model_dir), tmp_path / "final")
 
 
 def test_missing_weights_name_the_model_and_the_fix(tmp_path) -> None:
@@ -238,7 +198,7 @@ def test_relative_model_path_resolves_against_the_recipe_folder(model_dir) -> No
 def test_recipe_runs_two_iterations_end_to_end_and_exports_a_loadable_lora(model_dir, tmp_path) -> None:
     registry = checks.registry_of(flux_entry, toy_rewards, surrogates_plugin)
     overrides = [
-        *checks.brightness_run(model_dir, tmp_path, *tiny_options()),
+        *checks.brightness_run(model_dir, tmp_path, *checks.size_options(RESOLUTION, TOKENS)),
         *checks.two_iterations(),
         "eval.max_prompts=1",
         "eval.every=0",

@@ -53,8 +53,7 @@ def test_shapes_guider_scale_glyph_text_and_frozen_parts(adapter) -> None:
     cond = adapter.encode_prompts(PROMPTS)
     assert cond["prompt_embeds"].shape == (2, 1000, 32) and cond["glyph_embeds"].shape == (2, 256, 16)
     assert cond["glyph_mask"][0].sum() == 0 and cond["glyph_mask"][1].sum() > 0  # only quoted text
-    assert all(not p.requires_grad for enc in adapter.text_encoders for p in enc.parameters())
-    assert all(not p.requires_grad for p in adapter.vae.parameters())
+    checks.assert_frozen_text_encoders_and_vae(adapter)
     samples = adapter.decode(adapter.sample(noise(2), cond, SamplerSpec("euler", 2)))
     assert samples.modality == "video" and samples.fps == 24.0
     assert samples.data.shape == (2, HY_FRAMES, 3, HY_SIDE, HY_SIDE)
@@ -65,26 +64,14 @@ def test_rollout_equals_the_diffusers_pipeline_with_its_guider(adapter, model_di
     pipe = HunyuanVideo15Pipeline.from_pretrained(model_dir)
     z = noise(2, seed=2)
     latents = adapter.sample(z, adapter.encode_prompts(PROMPTS), SamplerSpec("euler", 3))
-    reference = pipe(
-        PROMPTS,
-        height=HY_SIDE,
-        width=HY_SIDE,
-        num_frames=HY_FRAMES,
-        num_inference_steps=3,
-        latents=z,
-        output_type="latent",
+    reference = checks.pipeline_output(
+        pipe, PROMPTS, HY_SIDE, z, "latent", num_frames=HY_FRAMES, num_inference_steps=3
     ).frames
     torch.testing.assert_close(latents, reference, atol=1e-5, rtol=1e-5)
     # decoded: one prompt (the VAE decodes one clip per call, see the adapter)
     clip = adapter.decode(latents[1:]).data
-    frames = pipe(
-        PROMPTS[1:],
-        height=HY_SIDE,
-        width=HY_SIDE,
-        num_frames=HY_FRAMES,
-        num_inference_steps=3,
-        latents=z[1:],
-        output_type="pt",
+    frames = checks.pipeline_output(
+        pipe, PROMPTS[1:], HY_SIDE, z[1:], num_frames=HY_FRAMES, num_inference_steps=3
     ).frames  # [1, F, 3, H, W] in [0, 1]
     torch.testing.assert_close(clip, frames, atol=1e-5, rtol=1e-5)
 
@@ -100,15 +87,7 @@ def test_velocity_at_any_point_equals_the_transformer_as_the_pipeline_calls_it(a
     step = pipe.scheduler.step
     pipe.scheduler.step = lambda v, *a, **kw: guided.append(v) or step(v, *a, **kw)
     x_t, sigma = noise(2, seed=4), 0.37  # shifted by the scheduler as for any rollout step
-    pipe(
-        PROMPTS,
-        height=HY_SIDE,
-        width=HY_SIDE,
-        num_frames=HY_FRAMES,
-        sigmas=[sigma],
-        latents=x_t,
-        output_type="latent",
-    )
+    checks.pipeline_output(pipe, PROMPTS, HY_SIDE, x_t, "latent", num_frames=HY_FRAMES, sigmas=[sigma])
     (cond_kwargs, v_cond), (uncond_kwargs, v_uncond) = calls
     assert cond_kwargs["hidden_states"].shape[1] == 2 * HY_LATENT[0] + 1  # latents, cond latents, mask
     assert cond_kwargs["hidden_states"][:, HY_LATENT[0] :].abs().max() == 0
@@ -147,8 +126,7 @@ def test_lora_export_loads_into_a_fresh_transformer_with_the_same_predictions(mo
 
 
 def test_full_finetune_export_is_a_transformer_folder(model_dir, tmp_path) -> None:
-    adapter = HunyuanVideo15Adapter.from_config(config(model_dir), BuildContext())
-    checks.assert_full_export_reloads(adapter, tmp_path / "final")
+    checks.assert_full_export_reloads(HunyuanVideo15Adapter, config(model_dir), tmp_path / "final")
 
 
 @pytest.mark.slow  # 20-60 s on one CPU thread: 1000 text tokens per prompt, CFG in training

@@ -5,22 +5,20 @@ advantage-weighted flow-matching loss on shared stratified timesteps with indepe
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from tiny_models import DT
 from tiny_models import LinearVelocityAdapter as TinyAdapter
+from toy_runs import surrogate_toy_run
 
 from vgrpo_platform.algo.surrogates.awm import AWMSurrogate
 from vgrpo_platform.algo.surrogates.nft import DiffusionNFTSurrogate, ema_decay, implicit_policies
 from vgrpo_platform.algo.surrogates.plugin import AWMConfig, DiffusionNFTConfig
-from vgrpo_platform.config.recipe import resolve_recipe
 from vgrpo_platform.protocols import RolloutBatch
 from vgrpo_platform.schedules import RectifiedFlowSchedule
-from vgrpo_platform.training.metrics import read_metrics
-
-TOY = Path(__file__).resolve().parents[1] / "recipes" / "toy.toml"
 
 
 def make_batch(advantages: list[float], group_ids: list[int] | None = None, seed: int = 0) -> RolloutBatch:
@@ -40,26 +38,33 @@ def grads(loss: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
     return torch.cat([g.flatten() for g in torch.autograd.grad(loss, list(module.parameters()))])
 
 
-def manual_fm(
-    adapter: TinyAdapter, batch: RolloutBatch, weights: torch.Tensor, *, normalised: bool, space: str
-):
-    """``mean_{i,k} w_i l_ik`` written out per sample and pair; ``l`` self-normalised x-space or plain FM."""
+def per_pair(adapter: TinyAdapter, batch: RolloutBatch) -> Iterator[tuple]:
+    """Each sample ``i`` and each of its timestep pairs, one at a time: ``(i, t, x0, eps, z, cond, v)`` with
+    ``z = (1 - t) x0 + t eps`` and ``v`` the adapter's velocity at ``(z, t)``, for the written-out losses."""
     t, eps = batch.extras["t"], batch.extras["eps"]
-    total = 0.0
     b, k = t.shape
     for i in range(b):
         x0, cond = batch.latents[i], {"emb": batch.cond["emb"][i : i + 1]}
         for j in range(k):
             tj = t[i, j]
             z = (1 - tj) * x0 + tj * eps[i, j]
-            v = adapter.predict(z[None], tj[None], cond)[0]
-            if space == "velocity":
-                err = (v - (eps[i, j] - x0)) ** 2
-                total = total + weights[i] * err.mean() / (b * k)
-            else:
-                diff = z - tj * v - x0
-                den = diff.detach().abs().mean() if normalised else 1.0
-                total = total + weights[i] * (diff**2).mean() / den / (b * k)
+            yield i, tj, x0, eps[i, j], z, cond, adapter.predict(z[None], tj[None], cond)[0]
+
+
+def manual_fm(
+    adapter: TinyAdapter, batch: RolloutBatch, weights: torch.Tensor, *, normalised: bool, space: str
+):
+    """``mean_{i,k} w_i l_ik`` written out per sample and pair; ``l`` self-normalised x-space or plain FM."""
+    total = 0.0
+    b, k = batch.extras["t"].shape
+    for i, tj, x0, eps, z, _, v in per_pair(adapter, batch):
+        if space == "velocity":
+            err = (v - (eps - x0)) ** 2
+            total = total + weights[i] * err.mean() / (b * k)
+        else:
+            diff = z - tj * v - x0
+            den = diff.detach().abs().mean() if normalised else 1.0
+            total = total + weights[i] * (diff**2).mean() / den / (b * k)
     return total
 
 
@@ -170,30 +175,14 @@ def test_awm_on_policy_is_advantage_weighted_flow_matching(space, ratio_mode):
 
 def tiny_toy_run(tmp_path: Path, surrogate: str, *overrides: str) -> tuple[list[dict], object]:
     """Two iterations of the toy recipe, two gradient steps each, through the real loop."""
-    from vgrpo_platform.training.loop import Trainer
-
-    base = [
-        f"run.output_dir={tmp_path.as_posix()!r}",
-        f"surrogate.name={surrogate!r}",
-        "log.progress='none'",
-        "log.save_grids=false",
+    return surrogate_toy_run(
+        tmp_path,
+        surrogate,
         "log.diagnostics_every=1",
-        "train.iterations=2",
         "train.gradient_steps_per_iteration=2",
-        "train.micro_batch_size=2",
-        "eval.every=0",
-        "eval.max_prompts=1",
-        "eval.samples_per_prompt=1",
-        "rollout.group_size=4",
-        "rollout.prompts_per_iteration=1",
         "rollout.steps=3",
-    ]
-    trainer = Trainer(resolve_recipe(TOY, [*base, *overrides]))
-    before = {k: p.detach().clone() for k, p in trainer.session.trainable.items()}
-    run_dir = trainer.run()
-    moved = any(not torch.equal(p.detach(), before[k]) for k, p in trainer.session.trainable.items())
-    assert moved
-    return [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "train"], trainer
+        *overrides,
+    )
 
 
 def test_nft_and_awm_train_through_the_loop_with_ema_updates_and_diagnostics(tmp_path):
@@ -279,26 +268,20 @@ def test_awm_grid_timesteps_follow_the_authors_stratified_discrete_rule():
 
 def authors_loss(adapter, batch, cfg, ref: TinyAdapter, ema: TinyAdapter):  # noqa: ANN001, ANN201
     """AWM's loss on-policy written out per sample and pair in velocity space (ratio 1, exp_first)."""
-    t, eps = batch.extras["t"], batch.extras["eps"]
     adv = batch.advantages.clamp(-5, 5) / 5
-    b, k = t.shape
+    b, k = batch.extras["t"].shape
     total = 0.0
-    for i in range(b):
-        x0, cond = batch.latents[i], {"emb": batch.cond["emb"][i : i + 1]}
-        for j in range(k):
-            tj = t[i, j]
-            z = (1 - tj) * x0 + tj * eps[i, j]
-            v = adapter.predict(z[None], tj[None], cond)[0]
-            with torch.no_grad():
-                v_ref = ref.predict(z[None], tj[None], cond)[0]
-                v_ema = ema.predict(z[None], tj[None], cond)[0]
-            mse = ((v - (eps[i, j] - x0)) ** 2).mean()
-            log_prob = -(torch.pow(mse + 1e-10, 0.25) - 1e-10**0.25) * tj / 0.25
-            ratio = torch.exp(log_prob - log_prob.detach())
-            policy = torch.maximum(-adv[i] * ratio, -adv[i] * ratio.clamp(0.0, 2.0))
-            kl = ((v - v_ref) ** 2).mean()
-            ema_kl = ((v - v_ema) ** 2).mean()
-            total = total + (policy + cfg.kl_beta * kl + cfg.ema_beta * ema_kl) / (b * k)
+    for i, tj, x0, eps, z, cond, v in per_pair(adapter, batch):
+        with torch.no_grad():
+            v_ref = ref.predict(z[None], tj[None], cond)[0]
+            v_ema = ema.predict(z[None], tj[None], cond)[0]
+        mse = ((v - (eps - x0)) ** 2).mean()
+        log_prob = -(torch.pow(mse + 1e-10, 0.25) - 1e-10**0.25) * tj / 0.25
+        ratio = torch.exp(log_prob - log_prob.detach())
+        policy = torch.maximum(-adv[i] * ratio, -adv[i] * ratio.clamp(0.0, 2.0))
+        kl = ((v - v_ref) ** 2).mean()
+        ema_kl = ((v - v_ema) ** 2).mean()
+        total = total + (policy + cfg.kl_beta * kl + cfg.ema_beta * ema_kl) / (b * k)
     return total
 
 

@@ -50,6 +50,7 @@ class PluginA:
 class PluginB:
     vgrpo_distribution = "dist-b"
 
+    # intended copy of tests/test_plugins.py (PluginA): each fake plugin registers its own parts
     @hookimpl
     def register_adapters(self, register):
         register("toy", toy_factory, ToyConfig)

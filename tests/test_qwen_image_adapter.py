@@ -44,11 +44,6 @@ LATENT = (4, RESOLUTION // 4, RESOLUTION // 4)  # tiny VAE: 4 channels, factor 4
 SUFFIX_TOKENS = 5  # "<|im_end|>", "\n", "<|im_start|>", "assistant", "\n" after the prompt
 
 
-def tiny_options() -> list[str]:
-    """The recipe overrides of ``config``'s size and token count."""
-    return [f"adapter.options.resolution={RESOLUTION}", f"adapter.options.max_sequence_length={TOKENS}"]
-
-
 def config(model: Path, **options) -> QwenImageAdapterConfig:
     return QwenImageAdapterConfig(
         model=str(model), resolution=RESOLUTION, max_sequence_length=TOKENS, **options
@@ -67,12 +62,9 @@ def without_terminal_stretch(pipe: QwenImagePipeline) -> QwenImagePipeline:
 
 def test_registered_with_a_documented_config_and_a_torch_free_entry_module(model_dir) -> None:
     checks.assert_registered(qwen_entry, "qwen_image", config(model_dir), QwenImageAdapter)
-    with pytest.raises(ValueError):
-        QwenImageAdapterConfig(resolution=520)  # not a multiple of 16
-    with pytest.raises(ValueError):
-        QwenImageAdapterConfig(cfg_scale=0.5)
-    with pytest.raises(ValueError):
-        QwenImageAdapterConfig(unknown=1)
+    checks.assert_invalid(  # 520: not a multiple of 16
+        QwenImageAdapterConfig, {"resolution": 520}, {"cfg_scale": 0.5}, {"unknown": 1}
+    )
 
 
 def test_shapes_dtype_and_frozen_parts(adapter) -> None:
@@ -81,13 +73,8 @@ def test_shapes_dtype_and_frozen_parts(adapter) -> None:
     cond = adapter.encode_prompts(PROMPTS)
     assert cond["prompt_embeds"].shape == (3, TOKENS, 32) and cond["prompt_mask"].shape == (3, TOKENS)
     torch.testing.assert_close(cond["prompt_embeds"][0], cond["prompt_embeds"][2])
-    assert all(not p.requires_grad for enc in adapter.text_encoders for p in enc.parameters())
-    assert all(not p.requires_grad for p in adapter.vae.parameters())
-    z = noise(3)
-    assert adapter.predict(z, torch.rand(3), cond).shape == z.shape
-    samples = adapter.decode(adapter.sample(z, cond, SamplerSpec("euler", 2)))
-    assert samples.modality == "image" and samples.data.shape == (3, 3, RESOLUTION, RESOLUTION)
-    assert samples.data.dtype == torch.float32 and 0 <= samples.data.min() and samples.data.max() <= 1
+    checks.assert_frozen_text_encoders_and_vae(adapter)
+    checks.assert_images_from_noise(adapter, noise(3), cond, RESOLUTION)
 
 
 def test_the_template_prefix_is_dropped_and_each_prompt_keeps_its_own_tokens(adapter) -> None:
@@ -184,16 +171,15 @@ def test_rollout_and_decode_equal_the_diffusers_pipeline_with_and_without_true_c
     cond = adapter.encode_prompts(["a red cat"])
     image = adapter.decode(adapter.sample(z, cond, SamplerSpec("euler", 4))).data
     pipe = without_terminal_stretch(QwenImagePipeline.from_pretrained(model_dir))
-    reference = pipe(
+    reference = checks.pipeline_output(
+        pipe,
         "a red cat",
+        RESOLUTION,
+        QwenImagePipeline._pack_latents(z[:, None], 1, *LATENT),
         negative_prompt=" " if cfg_scale > 1 else None,
         true_cfg_scale=cfg_scale,
-        height=RESOLUTION,
-        width=RESOLUTION,
         num_inference_steps=4,
         max_sequence_length=TOKENS,
-        latents=QwenImagePipeline._pack_latents(z[:, None], 1, *LATENT),
-        output_type="pt",
     ).images
     torch.testing.assert_close(image, reference, atol=1e-5, rtol=1e-5)
     if cfg_scale > 1:  # guidance changes the result
@@ -233,18 +219,12 @@ def test_text_embeddings_and_the_negative_prompt_are_cached_per_prompt(model_dir
     again = adapter.encode_prompts(["a blue dog on a hill"])
     for key in first:
         torch.testing.assert_close(again[key][0], fresh[key][0], atol=1e-6, rtol=1e-5)
-    uncached = QwenImageAdapter.from_config(config(model_dir, cache_text_embeddings=False), BuildContext())
-    uncached.encode_prompts(PROMPTS)
-    assert len(uncached.prompt_cache) == 0
+    checks.assert_cache_can_be_off(QwenImageAdapter, config(model_dir, cache_text_embeddings=False), PROMPTS)
 
 
 def test_decode_in_chunks_undoes_the_per_channel_normalisation(adapter) -> None:
     latents = noise(3, seed=5)
-    adapter.decode_chunk_size = 2
-    chunked = adapter.decode(latents).data
-    adapter.decode_chunk_size = 8
-    whole = adapter.decode(latents).data
-    torch.testing.assert_close(chunked, whole, atol=1e-6, rtol=1e-5)
+    whole = checks.decode_in_chunks(adapter, latents)
     cfg = adapter.vae.config  # decode = VAE(latents * std + mean) on one frame, rescaled to [0, 1]
     mean = torch.tensor(cfg.latents_mean).view(1, -1, 1, 1, 1)
     std = torch.tensor(cfg.latents_std).view(1, -1, 1, 1, 1)
@@ -269,21 +249,16 @@ def test_lora_targets_every_block_linear_but_the_modulation_and_the_last_text_ou
     assert wrapped == linears - modulation - dead  # the last block's text output is discarded by the model
 
 
+# intended copy of tests/test_flux_adapter.py (export tests): adapter_checks run for this adapter
 def test_lora_export_loads_into_a_fresh_pipeline_with_the_same_predictions(model_dir, tmp_path) -> None:
-    adapter = QwenImageAdapter.from_config(config(model_dir), BuildContext())
     z, t = noise(2, seed=6), torch.tensor([0.4, 0.9])
-
-    def fresh() -> QwenImageAdapter:
-        return QwenImageAdapter(
-            QwenImagePipeline.from_pretrained(model_dir), resolution=RESOLUTION, max_sequence_length=TOKENS
-        )
-
-    checks.assert_exported_lora_reloads(adapter, tmp_path / "final", PROMPTS[:2], z, t, fresh)
+    checks.assert_exported_lora_reloads(
+        QwenImageAdapter, QwenImagePipeline, config(model_dir), tmp_path / "final", PROMPTS[:2], z, t
+    )
 
 
 def test_full_finetune_export_is_a_transformer_folder(model_dir, tmp_path) -> None:
-    adapter = QwenImageAdapter.from_config(config(model_dir), BuildContext())
-    checks.assert_full_export_reloads(adapter, tmp_path / "final")
+    checks.assert_full_export_reloads(QwenImageAdapter, config(model_dir), tmp_path / "final")
 
 
 def test_resolution_and_missing_weights_errors(model_dir, tmp_path) -> None:
@@ -303,7 +278,7 @@ def test_recipe_runs_two_iterations_end_to_end_and_exports_a_loadable_lora(model
     predictions and ``vgrpo sample --checkpoint`` generates with it."""
     registry = checks.registry_of(qwen_entry, toy_rewards, surrogates_plugin)
     overrides = [
-        *checks.brightness_run(model_dir, tmp_path, *tiny_options()),
+        *checks.brightness_run(model_dir, tmp_path, *checks.size_options(RESOLUTION, TOKENS)),
         *checks.two_iterations(),
         "train.warmup_steps=0",
         "eval.max_prompts=1",

@@ -7,7 +7,6 @@ import base64
 import io
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -19,13 +18,13 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 import torch
+from fake_judge import HOST, one_line_error, serving, unused_port_url
 from PIL import Image
 from vgrpo_rewards.remote import Config as RemoteConfig
 from vgrpo_rewards.remote import build as build_remote
 from vgrpo_rewards.shapes import Config as ShapesConfig
 from vgrpo_rewards.shapes import build as build_shapes
 from vgrpo_rewards.shapes import world
-from werkzeug.serving import make_server
 from werkzeug.wrappers import Request, Response
 
 from vgrpo_platform import reward_wire as wire
@@ -35,22 +34,6 @@ from vgrpo_platform.host.plugins import default_registry
 from vgrpo_platform.protocols import Samples
 from vgrpo_platform.training.metrics import without_timing
 from vgrpo_platform.training.scoring import WeightedReward, score_all
-
-HOST = "127.0.0.1"
-
-
-@contextmanager
-def serving(app) -> Iterator[str]:  # noqa: ANN001 - a WSGI application
-    """``app`` on a free loopback port in a daemon thread; yields its base URL."""
-    server = make_server(HOST, 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://{HOST}:{server.server_port}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
 
 
 @pytest.fixture(scope="module")
@@ -165,24 +148,13 @@ def fake(reply):  # noqa: ANN001 - (status, body bytes) or a callable of the req
     return app
 
 
-def one_line_error(excinfo, *fragments: str) -> str:
-    message = str(excinfo.value)
-    assert "\n" not in message
-    for fragment in fragments:
-        assert fragment in message, message
-    return message
-
-
 def score_one(client, batch) -> None:  # noqa: ANN001
     samples, prompts = batch
     score_all([WeightedReward("remote", client, 1.0)], samples, prompts)
 
 
 def test_unreachable_server_names_the_command_to_start_it(batch):
-    with socket.socket() as s:  # a port that was free a moment ago, and nothing listens on it now
-        s.bind((HOST, 0))
-        port = s.getsockname()[1]
-    client = remote(f"http://{HOST}:{port}", timeout_s=2, retries=2, backoff_s=0.01)
+    client = remote(unused_port_url(), timeout_s=2, retries=2, backoff_s=0.01)
     start = time.monotonic()
     with pytest.raises(RewardError) as excinfo:
         score_one(client, batch)

@@ -37,11 +37,7 @@ PROMPTS = ["a red cat", "a blue dog", "a red cat"]
 LATENT = (4, RESOLUTION // 2, RESOLUTION // 2)
 
 
-def tiny_options() -> list[str]:
-    """The recipe overrides of ``config``'s size and token count."""
-    return [f"adapter.options.resolution={RESOLUTION}", f"adapter.options.max_sequence_length={TOKENS}"]
-
-
+# intended copy of tests/test_flux_adapter.py (config, fixtures): each module's own declarations
 def config(model: Path, **options) -> SD3AdapterConfig:
     return SD3AdapterConfig(model=str(model), resolution=RESOLUTION, max_sequence_length=TOKENS, **options)
 
@@ -79,16 +75,15 @@ def test_rollout_equals_the_diffusers_pipeline_with_and_without_cfg(model_dir, c
         adapter.sample(z, adapter.encode_prompts(["a red cat"]), SamplerSpec("euler", 4))
     ).data
     pipe = StableDiffusion3Pipeline.from_pretrained(model_dir)
-    reference = pipe(
+    reference = checks.pipeline_output(
+        pipe,
         "a red cat",
-        height=RESOLUTION,
-        width=RESOLUTION,
+        RESOLUTION,
+        z,
         num_inference_steps=4,
         guidance_scale=cfg_scale,
         max_sequence_length=TOKENS,
-        latents=z,
         sigmas=np.linspace(1.0, 0.25, 4),
-        output_type="pt",
     ).images
     torch.testing.assert_close(image, reference, atol=1e-5, rtol=1e-5)
 
@@ -155,7 +150,7 @@ def test_recipe_runs_two_iterations_end_to_end_and_exports_a_loadable_lora(model
         *checks.brightness_run(
             model_dir,
             tmp_path,
-            *tiny_options(),
+            *checks.size_options(RESOLUTION, TOKENS),
             "adapter.options.cfg_scale=2.0",
             "adapter.options.cfg_in_training=true",
         ),

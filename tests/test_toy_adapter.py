@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+from adapter_checks import directional_derivatives
 from vgrpo_adapters import toy as toy_entry
 from vgrpo_adapters.toy import ToyAdapterConfig
 from vgrpo_adapters.toy.build import BUILD_FILE, build_toy_model
@@ -171,22 +172,8 @@ def test_predict_gradient_matches_finite_differences(model_dir) -> None:
     cond = adapter.encode_prompts(PROMPTS[:2])
     assert cond["prompt_embeds"].dtype == torch.float64
     z, t = noise(2).double(), torch.tensor([0.3, 0.8])
-    weight = adapter.denoiser.transformer_blocks[0].attn.to_q.weight
-    direction = torch.randn(weight.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
-
-    def loss() -> torch.Tensor:
-        return adapter.predict(z, t, cond).square().mean()
-
-    loss().backward()
-    analytic = (weight.grad * direction).sum().item()
-    h = 1e-5
-    with torch.no_grad():
-        weight += h * direction
-        up = loss().item()
-        weight -= 2 * h * direction
-        down = loss().item()
-        weight += h * direction
-    assert analytic == pytest.approx((up - down) / (2 * h), rel=1e-5, abs=1e-9)
+    analytic, numeric = directional_derivatives(adapter, z, t, cond, h=1e-5)
+    assert analytic == pytest.approx(numeric, rel=1e-5, abs=1e-9)
 
 
 def test_sampling_is_deterministic_and_matches_a_manual_euler_loop(adapter, cond) -> None:

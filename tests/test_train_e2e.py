@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from toy_runs import crash_at
 
 from vgrpo_platform.config.recipe import resolve_recipe
 from vgrpo_platform.errors import CheckpointError, RecipeError
@@ -124,17 +125,7 @@ def test_resume_after_a_crash_reproduces_the_uninterrupted_run(tmp_path, monkeyp
     reference = Trainer(toy(tmp_path, "ref", *settings)).run()
 
     crashing = Trainer(toy(tmp_path, "crash", *settings))
-    original = Trainer.iterate
-
-    def iterate_then_crash(self, iteration):
-        if iteration == 5:
-            raise RuntimeError("simulated crash")
-        return original(self, iteration)
-
-    monkeypatch.setattr(Trainer, "iterate", iterate_then_crash)
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        crashing.run()
-    monkeypatch.setattr(Trainer, "iterate", original)
+    crash_at(monkeypatch, 5, crashing.run)
     assert [p.name for p in list_checkpoints(crashing.run_dir)][-1] == "iter_000004"
 
     resumed_dir = Trainer(toy(tmp_path, "crash", *settings), resume=True).run()

@@ -8,12 +8,21 @@ from __future__ import annotations
 import base64
 import io
 import math
-import socket
 import time
 
 import pytest
 import torch
-from fake_judge import DATA_URL, HOST, MODEL, FakeJudge, p_no, p_yes, reply, serving
+from fake_judge import (
+    DATA_URL,
+    MODEL,
+    FakeJudge,
+    one_line_error,
+    p_no,
+    p_yes,
+    reply,
+    serving,
+    unused_port_url,
+)
 from PIL import Image
 from pydantic import ValidationError
 from vgrpo_rewards.vlm_judge import (
@@ -71,14 +80,6 @@ def make(url: str, **options) -> object:
 
 def score(reward, samples, prompts=PROMPTS):  # noqa: ANN001
     return reward.score(samples, list(prompts), [{}] * len(samples))
-
-
-def one_line_error(excinfo, *fragments: str) -> str:
-    message = str(excinfo.value)
-    assert "\n" not in message
-    for fragment in fragments:
-        assert fragment in message, message
-    return message
 
 
 def decoded(url: str) -> Image.Image:
@@ -261,10 +262,7 @@ def test_empty_batch_and_wrong_modality(judge):
 
 
 def test_unreachable_server_names_the_command_to_start_it(samples):
-    with socket.socket() as s:  # a port that was free a moment ago, and nothing listens on it now
-        s.bind((HOST, 0))
-        port = s.getsockname()[1]
-    reward = make(f"http://{HOST}:{port}/v1", timeout_s=2, retries=2, backoff_s=0.01)
+    reward = make(f"{unused_port_url()}/v1", timeout_s=2, retries=2, backoff_s=0.01)
     start = time.monotonic()
     with pytest.raises(RewardError) as excinfo:
         score(reward, samples)

@@ -37,6 +37,7 @@ BOUNDARY = WAN22_BOUNDARY * 1000  # the pipeline's boundary timestep (num_train_
 STEPS = 3  # Euler grid 1, 2/3, 1/3 shifted by 3: timesteps 1000, 857, 600 -> high, high, low
 
 
+# intended copy of tests/test_flux2_adapter.py (klein_config): each adapter's own config class
 def config(model: Path, **options) -> WanAdapterConfig:
     return WanAdapterConfig(
         model=str(model),
@@ -68,15 +69,14 @@ def pipeline_frames(pipe: WanPipeline, z: torch.Tensor, **kw) -> torch.Tensor:
     set_timesteps = type(pipe.scheduler).set_timesteps.__get__(pipe.scheduler)  # unpatched, when called twice
     sigmas = np.linspace(1.0, 1 / STEPS, STEPS)
     pipe.scheduler.set_timesteps = lambda n, device=None, **_: set_timesteps(sigmas=sigmas, device=device)
-    return pipe(
+    return checks.pipeline_output(
+        pipe,
         "a red cat",
-        height=WAN_SIDE,
-        width=WAN_SIDE,
+        WAN_SIDE,
+        z,
         num_frames=WAN_FRAMES,
         num_inference_steps=STEPS,
         max_sequence_length=WAN_TOKENS,
-        latents=z,
-        output_type="pt",
         **kw,
     ).frames
 
@@ -152,24 +152,21 @@ def test_rollout_with_different_scales_differs_from_one_scale(model_dir) -> None
 def test_surrogate_rows_on_both_sides_of_the_boundary_hit_their_experts(adapter) -> None:
     cond = adapter.encode_prompts(["a red cat", "a blue dog", "a red cat", "a blue dog"])
     z, t = noise(4, seed=5), torch.tensor([0.95, 0.2, 0.71, 0.69])  # high, low, high, low
+
+    def expert_velocity(name: str, i: int) -> torch.Tensor:  # row i through one expert, as the model calls it
+        return adapter.denoiser.experts[name](
+            hidden_states=z[i : i + 1],
+            timestep=t[i : i + 1] * 1000,
+            encoder_hidden_states=cond["prompt_embeds"][i : i + 1],
+            return_dict=False,
+        )[0]
+
     with torch.no_grad():
         v = adapter.predict(z, t, cond)
         for i, name in enumerate(["high", "low", "high", "low"]):
-            expert = adapter.denoiser.experts[name]
-            ref = expert(
-                hidden_states=z[i : i + 1],
-                timestep=t[i : i + 1] * 1000,
-                encoder_hidden_states=cond["prompt_embeds"][i : i + 1],
-                return_dict=False,
-            )[0]
+            ref = expert_velocity(name, i)
             torch.testing.assert_close(v[i : i + 1], ref, atol=1e-5, rtol=1e-5)
-            other = adapter.denoiser.experts["low" if name == "high" else "high"]
-            wrong = other(
-                hidden_states=z[i : i + 1],
-                timestep=t[i : i + 1] * 1000,
-                encoder_hidden_states=cond["prompt_embeds"][i : i + 1],
-                return_dict=False,
-            )[0]
+            wrong = expert_velocity("low" if name == "high" else "high", i)
             assert (v[i : i + 1] - wrong).abs().max() > 1e-3  # the experts differ: routing is observable
 
 

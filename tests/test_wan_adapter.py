@@ -86,16 +86,15 @@ def test_rollout_equals_the_diffusers_pipeline(adapter, model_dir) -> None:
     ).data
     pipe = WanPipeline.from_pretrained(model_dir)
     pipe.scheduler.set_timesteps = _with_sigmas(pipe.scheduler.set_timesteps, np.linspace(1.0, 1 / 3, 3))
-    reference = pipe(
+    reference = checks.pipeline_output(
+        pipe,
         "a red cat",
-        height=SIDE,
-        width=SIDE,
+        SIDE,
+        z,
         num_frames=FRAMES,
         num_inference_steps=3,
         guidance_scale=1.0,
         max_sequence_length=TOKENS,
-        latents=z,
-        output_type="pt",
     ).frames  # [1, F, 3, H, W] in [0, 1]
     torch.testing.assert_close(clip, reference, atol=1e-5, rtol=1e-5)
 
@@ -118,13 +117,7 @@ def test_recipe_runs_v_grpo_iterations_and_exports_a_lora(model_dir, tmp_path) -
     overrides = [
         *wan_options(model_dir),
         *checks.cpu_run(tmp_path),
-        "rollout.group_size=4",
-        "rollout.prompts_per_iteration=2",
-        "rollout.steps=2",
-        "train.iterations=4",
-        "train.micro_batch_size=8",
-        "train.lr=3e-2",
-        "train.lora_rank=4",
+        *checks.lora_iterations(4, group_size=4, steps=2, micro_batch_size=8, lr="3e-2"),
         "train.gradient_checkpointing=true",
         "eval.every=0",
     ]

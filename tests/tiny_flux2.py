@@ -14,6 +14,7 @@ At 32 px the latents are ``[16, 8, 8]``: 64 image tokens of 16 channels.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from diffusers import (
@@ -92,6 +93,21 @@ def _tokenizer(template: str, extra_tokens: list[str]):  # noqa: ANN202 - a Qwen
     return tok
 
 
+def _pipeline(
+    pipeline_class: type, text_encoder: Any, tokenizer: Any, guidance_embeds: bool, **options: Any
+) -> Any:
+    """A FLUX.2 pipeline of ``pipeline_class``: the shared scheduler config, the tiny VAE and transformer
+    (created in that order), and the variant's text encoder and tokenizer."""
+    return pipeline_class(
+        scheduler=FlowMatchEulerDiscreteScheduler(**SCHEDULER),
+        vae=_vae(),
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        transformer=_transformer(guidance_embeds=guidance_embeds),
+        **options,
+    )
+
+
 def build_tiny_flux2(folder: str | Path, seed: int = 0) -> Path:
     """``Flux2Pipeline`` (FLUX.2 [dev]) at toy size: embedded guidance, Mistral-3 text encoder. The
     pipeline's system message is one token of the tiny vocabulary (byte-level it would take ~170 of the
@@ -129,13 +145,7 @@ def build_tiny_flux2(folder: str | Path, seed: int = 0) -> Path:
             image_processor=PixtralImageProcessor(patch_size=4), tokenizer=tok, patch_size=4
         )
         processor.chat_template = MISTRAL_TEMPLATE
-        pipe = Flux2Pipeline(
-            scheduler=FlowMatchEulerDiscreteScheduler(**SCHEDULER),
-            vae=_vae(),
-            text_encoder=encoder,
-            tokenizer=processor,
-            transformer=_transformer(guidance_embeds=True),
-        )
+        pipe = _pipeline(Flux2Pipeline, encoder, processor, guidance_embeds=True)
     pipe.save_pretrained(folder)
     return Path(folder)
 
@@ -147,6 +157,7 @@ def build_tiny_flux2_klein(folder: str | Path, seed: int = 0, is_distilled: bool
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         encoder = Qwen3ForCausalLM(
+            # intended copy of tests/tiny_pipelines.py (_clip_config): Qwen3's own config, another model
             Qwen3Config(
                 vocab_size=len(tok),
                 hidden_size=TEXT_WIDTH,
@@ -158,13 +169,6 @@ def build_tiny_flux2_klein(folder: str | Path, seed: int = 0, is_distilled: bool
                 pad_token_id=tok.pad_token_id,
             )
         ).eval()
-        pipe = Flux2KleinPipeline(
-            scheduler=FlowMatchEulerDiscreteScheduler(**SCHEDULER),
-            vae=_vae(),
-            text_encoder=encoder,
-            tokenizer=tok,
-            transformer=_transformer(guidance_embeds=False),
-            is_distilled=is_distilled,
-        )
+        pipe = _pipeline(Flux2KleinPipeline, encoder, tok, guidance_embeds=False, is_distilled=is_distilled)
     pipe.save_pretrained(folder)
     return Path(folder)

@@ -106,6 +106,7 @@ def t5_tokenizer() -> T5Tokenizer:
 
 
 def _clip_config(vocab_size: int, tokenizer) -> CLIPTextConfig:  # noqa: ANN001
+    # intended copy of tests/tiny_clip.py (save_clip): the pipelines' CLIP text config
     return CLIPTextConfig(
         vocab_size=vocab_size,
         hidden_size=32,
@@ -411,6 +412,7 @@ def build_tiny_qwen_image(folder: str | Path, seed: int = 0, shift_terminal: flo
                 latents_std=[1.5, 0.8, 1.0, 2.0],
             ),
             text_encoder=_qwen_vl(tok),
+            # intended copy of tests/tiny_pipelines.py (build_tiny_flux): Qwen-Image's own transformer
             tokenizer=tok,
             transformer=QwenImageTransformer2DModel(
                 patch_size=2,

@@ -23,8 +23,7 @@ WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 class Config(PluginConfig):
     """Options of ``[adapter.options]`` for ``name = "shapes"``."""
 
-    # Not shared with toy's or the diffusers configs: alike in shape only (own defaults and descriptions).
-
+    # intended copy of adapters/toy/__init__.py (ToyAdapterConfig fields): own defaults and texts, same shape
     model_path: str | None = Field(
         None,
         description="Folder with transformer/, text_encoder/ and tokenizer/ (e.g. written by "

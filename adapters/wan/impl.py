@@ -43,13 +43,13 @@ def wan_shift(scheduler_config: Any) -> float:
     return static_shift(scheduler_config, 0)
 
 
+# intended copy of adapters/qwen_image/impl.py (QwenImageAdapter attributes): other modules, same shape
 class WanAdapter(TrueCFGMixin, DiffusersVideoAdapter):
     """Wan 3D DiT (trained) + video VAE and UMT5 (frozen), optional true CFG."""
 
     pipeline_class = WanPipeline
     display_name = "Wan"
-    # self-attention and text cross-attention projections (diffusers' Wan LoRA layout); alike to
-    # Qwen-Image's list in shape only (other module names), so not shared
+    # self-attention and text cross-attention projections (diffusers' Wan LoRA layout)
     lora_target_modules: Sequence[str] = (
         "attn1.to_q",
         "attn1.to_k",

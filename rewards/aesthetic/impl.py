@@ -12,7 +12,8 @@ from torch import nn
 from vgrpo_platform.errors import RewardError
 from vgrpo_platform.protocols import Samples
 
-from .._clip_common import check_images, load_clip, load_or_explain, pick_device, resolve_file
+from .._clip_bases import ClipEmbeddingReward
+from .._clip_common import load_or_explain, pick_device, resolve_file
 
 if TYPE_CHECKING:
     from . import Config
@@ -71,19 +72,13 @@ def load_head(path: str, expected_in: int) -> MLPHead:
     return head
 
 
-class AestheticReward:
-    modalities = frozenset({"image"})
+class AestheticReward(ClipEmbeddingReward):
+    reward_name = "aesthetic"
+    weights_name = "Aesthetic CLIP"
+    weights_fix = FIX_CLIP
 
     def __init__(self, config: Config, context: Any) -> None:
-        self.clip = load_clip(
-            config.model,
-            config.processor,
-            config.dtype,
-            config.batch_size,
-            context,
-            "Aesthetic CLIP",
-            FIX_CLIP,
-        )
+        super().__init__(config, context)
         path = resolve_file(config.head, config.head_filename, "Aesthetic head", FIX_HEAD, context)
         self.head = load_head(path, int(self.clip.model.config.projection_dim))
         self.head.to(pick_device(context)).eval().requires_grad_(False)  # float32: it is tiny
@@ -92,7 +87,6 @@ class AestheticReward:
     def score(
         self, samples: Samples, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]]
     ) -> torch.Tensor:
-        images = check_images(samples, prompts, "aesthetic")  # [B, 3, H, W]
-        img, _ = self.clip.embed(images, None)  # [B, D] unit norm
+        img = self.embed_images(samples, prompts)  # [B, D] unit norm
         self.head.to(img.device)
         return self.head(img).squeeze(-1)  # [B]

@@ -11,6 +11,8 @@ import torchaudio.functional as AF
 
 from vgrpo_platform.protocols import Samples
 
+from .._target import toward_target
+
 HEADROOM = 0.5
 """Gain applied before BS.1770 filtering (see ``LoudnessReward.lufs``)."""
 
@@ -48,8 +50,7 @@ class LoudnessReward:
     def score(
         self, samples: Samples, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]]
     ) -> torch.Tensor:
-        lufs = self.lufs(samples)
-        return lufs if self.target_lufs is None else -(lufs - self.target_lufs).abs()
+        return toward_target(self.lufs(samples), self.target_lufs)
 
 
 class SilenceRatioReward:

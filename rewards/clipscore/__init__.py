@@ -27,6 +27,7 @@ class Config(ModelRewardConfig):
     scale: float = Field(1.0, gt=0, description="Multiplier w (2.5 in Hessel et al., 100 in torchmetrics).")
 
 
+# intended copy of rewards/aesthetic/__init__.py (build, register_rewards): each entry module registers itself
 def build(config: Config, context: Any) -> Any:
     from .impl import ClipScoreReward
 

@@ -9,7 +9,7 @@ import torch
 
 from vgrpo_platform.protocols import Samples
 
-from .._clip_common import check_images, load_clip
+from .._clip_bases import ClipEmbeddingReward
 
 if TYPE_CHECKING:
     from . import Config
@@ -20,19 +20,18 @@ FIX = (
 )
 
 
-class ClipScoreReward:
-    modalities = frozenset({"image"})
+class ClipScoreReward(ClipEmbeddingReward):
+    reward_name = "clipscore"
+    weights_name = "CLIPScore"
+    weights_fix = FIX
 
     def __init__(self, config: Config, context: Any) -> None:
         self.clamp, self.scale = config.clamp, config.scale
-        self.clip = load_clip(
-            config.model, config.processor, config.dtype, config.batch_size, context, "CLIPScore", FIX
-        )
+        super().__init__(config, context)
 
     def score(
         self, samples: Samples, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]]
     ) -> torch.Tensor:
-        images = check_images(samples, prompts, "clipscore")  # [B, 3, H, W]
-        img, txt = self.clip.embed(images, prompts)  # [B, D] each, unit norm
+        img, txt = self.embed(samples, prompts)  # [B, D] each, unit norm
         cos = (img * txt).sum(-1)  # [B]
         return self.scale * (cos.clamp_min(0.0) if self.clamp else cos)

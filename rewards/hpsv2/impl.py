@@ -3,19 +3,15 @@ open_clip model's own normalised features, the checkpoint loaded into ``create_m
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from vgrpo_platform.errors import RewardError
-from vgrpo_platform.protocols import Samples
 
+from .._clip_bases import PromptedImageReward
 from .._clip_common import (
     ImageTransform,
-    batches,
-    check_images,
-    clip_preprocess,
     load_or_explain,
     pick_device,
     pick_dtype,
@@ -39,8 +35,8 @@ def transform_of(model: Any) -> ImageTransform:
     return ImageTransform(size, size, tuple(cfg["mean"]), tuple(cfg["std"]))
 
 
-class HpsV2Reward:
-    modalities = frozenset({"image"})
+class HpsV2Reward(PromptedImageReward):
+    reward_name = "hpsv2"
 
     def __init__(self, config: Config, context: Any) -> None:
         path = resolve_file(config.model, config.filename, "HPSv2", FIX, context)
@@ -62,17 +58,8 @@ class HpsV2Reward:
         self.tokenizer = open_clip.get_tokenizer(config.arch)
         self.transform = transform_of(model)
 
-    @torch.no_grad()
-    def score(
-        self, samples: Samples, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]]
-    ) -> torch.Tensor:
-        images = check_images(samples, prompts, "hpsv2")  # [B, 3, H, W]
-        self.model.to(images.device)
-        out = []
-        for sl in batches(images.shape[0], self.batch_size):
-            pixels = clip_preprocess(images[sl], self.transform, self.dtype)  # [b, 3, S, S]
-            tokens = self.tokenizer(list(prompts[sl])).to(images.device)  # [b, context_length]
-            img = self.model.encode_image(pixels, normalize=True).float()  # [b, D]
-            txt = self.model.encode_text(tokens, normalize=True).float()  # [b, D]
-            out.append((img * txt).sum(-1))
-        return torch.cat(out)  # [B]
+    def score_batch(self, pixels: torch.Tensor, prompts: list[str], device: torch.device) -> torch.Tensor:
+        tokens = self.tokenizer(prompts).to(device)  # [b, context_length]
+        img = self.model.encode_image(pixels, normalize=True).float()  # [b, D]
+        txt = self.model.encode_text(tokens, normalize=True).float()  # [b, D]
+        return (img * txt).sum(-1)  # [b]

@@ -12,20 +12,17 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from vgrpo_platform.errors import RewardError
-from vgrpo_platform.protocols import Samples
 
+from .._clip_bases import PromptedImageReward
 from .._clip_common import (
     ImageTransform,
-    batches,
-    check_images,
-    clip_preprocess,
     load_or_explain,
     pick_device,
     pick_dtype,
@@ -160,8 +157,8 @@ def load_imagereward(source: str, context: Any) -> ImageRewardModel:
     return model
 
 
-class ImageRewardReward:
-    modalities = frozenset({"image"})
+class ImageRewardReward(PromptedImageReward):
+    reward_name = "imagereward"
 
     def __init__(self, config: Config, context: Any) -> None:
         from transformers import AutoTokenizer
@@ -184,21 +181,8 @@ class ImageRewardReward:
         size = int(model.vision_model.config.image_size)
         self.transform = ImageTransform(size, size)  # Resize(n, bicubic) + CenterCrop(n) + CLIP mean/std
 
-    @torch.no_grad()
-    def score(
-        self, samples: Samples, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]]
-    ) -> torch.Tensor:
-        images = check_images(samples, prompts, "imagereward")  # [B, 3, H, W]
-        self.model.to(images.device)
-        out = []
-        for sl in batches(images.shape[0], self.batch_size):
-            pixels = clip_preprocess(images[sl], self.transform, self.dtype)  # [b, 3, S, S]
-            tok = self.tokenizer(
-                list(prompts[sl]),
-                padding="max_length",
-                truncation=True,
-                max_length=self.max_length,
-                return_tensors="pt",
-            ).to(images.device)
-            out.append(self.model(pixels, tok["input_ids"], tok["attention_mask"]))
-        return torch.cat(out)  # [B]
+    def score_batch(self, pixels: torch.Tensor, prompts: list[str], device: torch.device) -> torch.Tensor:
+        tok = self.tokenizer(
+            prompts, padding="max_length", truncation=True, max_length=self.max_length, return_tensors="pt"
+        ).to(device)
+        return self.model(pixels, tok["input_ids"], tok["attention_mask"])  # [b]

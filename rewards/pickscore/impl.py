@@ -10,11 +10,12 @@ import torch
 
 from vgrpo_platform.protocols import Samples
 
-from .._clip_common import check_images, load_clip
+from .._clip_bases import ClipEmbeddingReward
 
 if TYPE_CHECKING:
     from . import Config
 
+# intended copy of rewards/clipscore/impl.py (FIX, class header): sibling subclasses name their own weights
 FIX = (
     "download it with `huggingface-cli download yuvalkirstain/PickScore_v1 --local-dir DIR` (and "
     "`laion/CLIP-ViT-H-14-laion2B-s32B-b79K` for the processor) and set the reward's options.model "
@@ -22,19 +23,18 @@ FIX = (
 )
 
 
-class PickScoreReward:
-    modalities = frozenset({"image"})
+class PickScoreReward(ClipEmbeddingReward):
+    reward_name = "pickscore"
+    weights_name = "PickScore"
+    weights_fix = FIX
 
     def __init__(self, config: Config, context: Any) -> None:
         self.divisor = config.divisor
-        self.clip = load_clip(
-            config.model, config.processor, config.dtype, config.batch_size, context, "PickScore", FIX
-        )
+        super().__init__(config, context)
 
     def score(
         self, samples: Samples, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]]
     ) -> torch.Tensor:
-        images = check_images(samples, prompts, "pickscore")  # [B, 3, H, W]
-        img, txt = self.clip.embed(images, prompts)  # [B, D] each, unit norm
+        img, txt = self.embed(samples, prompts)  # [B, D] each, unit norm
         scale = self.clip.model.logit_scale.exp().float()
         return scale * (img * txt).sum(-1) / self.divisor  # [B]

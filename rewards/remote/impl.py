@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import http.client
 import json
-import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -14,20 +12,26 @@ import torch
 from vgrpo_platform import reward_wire as wire
 from vgrpo_platform.errors import RewardError
 from vgrpo_platform.protocols import Samples
-from vgrpo_platform.retrying import TransientError, with_retries
+from vgrpo_platform.retrying import TransientError
+
+from .._http import JsonPoster
 
 if TYPE_CHECKING:
     from . import Config
 
 
-class RemoteReward:
+class RemoteReward(JsonPoster):
     """Sends each batch (or ``batch_size`` chunk) to ``url/score``; returns what the server's reward did."""
 
     modalities = frozenset({"image", "video", "audio"})
+    not_json_fix = "check that options.url points at a vgrpo serve-reward"
+    timeout_fix = "raise options.timeout_s or lower options.batch_size"
+    unreachable_fix = "start it with `vgrpo serve-reward NAME --port P` or fix options.url"
 
     def __init__(self, config: Config) -> None:
         self.config = config
         self.url = config.url.rstrip("/")
+        self.server = self.replier = f"the reward server at {self.url}"
 
     def score(
         self, samples: Samples, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]]
@@ -72,50 +76,19 @@ class RemoteReward:
                 f"of protocol {wire.PROTOCOL} there"
             ) from None
 
-    def _post(self, body: bytes) -> dict[str, Any]:
-        """One POST with up to ``retries`` more tries on transient failures, backing off between them."""
-        return with_retries(
-            lambda: self._post_once(body), retries=self.config.retries, backoff_s=self.config.backoff_s
-        )
-
-    def _post_once(self, body: bytes) -> dict[str, Any]:
-        request = urllib.request.Request(
+    def _request(self, body: bytes) -> urllib.request.Request:
+        return urllib.request.Request(
             f"{self.url}/score", data=body, headers={"Content-Type": "application/json"}, method="POST"
         )
-        try:
-            with urllib.request.urlopen(request, timeout=self.config.timeout_s) as response:
-                text = response.read()
-        except urllib.error.HTTPError as exc:
-            message = _error_text(exc.read())
-            if exc.code >= 500:
-                raise TransientError(
-                    f"the reward server at {self.url} failed: {message}; fix the served reward"
-                ) from None
-            raise RewardError(
-                f"the reward server at {self.url} refused the request (HTTP {exc.code}): {message}; "
-                "check the modality, the protocol and options.batch_size"
-            ) from None
-        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:  # timeouts are OSErrors
-            reason = getattr(exc, "reason", exc)
-            if isinstance(reason, TimeoutError):
-                raise TransientError(
-                    f"no reply from the reward server at {self.url} within {self.config.timeout_s:g} s; "
-                    "raise options.timeout_s or lower options.batch_size"
-                ) from None
-            raise TransientError(
-                f"cannot reach the reward server at {self.url} ({reason}); start it with "
-                "`vgrpo serve-reward NAME --port P` or fix options.url"
-            ) from None
-        try:
-            reply = json.loads(text)
-        except ValueError:
-            raise RewardError(
-                f"malformed reply from the reward server at {self.url}: not JSON ({text[:60]!r}); "
-                "check that options.url points at a vgrpo serve-reward"
-            ) from None
-        if not isinstance(reply, dict):
-            raise RewardError(f"malformed reply from the reward server at {self.url}: not a JSON object")
-        return reply
+
+    def _http_error(self, code: int, body: bytes) -> Exception:
+        message = _error_text(body)
+        if code >= 500:
+            return TransientError(f"{self.server} failed: {message}; fix the served reward")
+        return RewardError(
+            f"{self.server} refused the request (HTTP {code}): {message}; "
+            "check the modality, the protocol and options.batch_size"
+        )
 
 
 def _error_text(body: bytes) -> str:

@@ -50,6 +50,7 @@ def build_target_color(config: TargetColorConfig, context: Any = None) -> Any:
 
 
 @hookimpl
+# intended copy of rewards/vlm_judge/__init__.py (register_rewards): each entry module registers its own
 def register_rewards(register):  # noqa: ANN001 - the host's Register callable
     register(
         "brightness",

@@ -10,6 +10,8 @@ import torch
 
 from vgrpo_platform.protocols import Samples
 
+from .._target import toward_target
+
 MODALITIES = frozenset({"image", "video"})
 
 
@@ -40,8 +42,7 @@ class BrightnessReward:
     def score(
         self, samples: Samples, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]]
     ) -> torch.Tensor:
-        mean = _per_sample_mean(_pixels(samples))  # [B]
-        return mean if self.target is None else -(mean - self.target).abs()
+        return toward_target(_per_sample_mean(_pixels(samples)), self.target)  # [B]
 
 
 class TargetColorReward:

@@ -98,6 +98,7 @@ def build_reference_similarity(config: ReferenceSimilarityConfig, context: Any =
 
 
 @hookimpl
+# intended copy of rewards/vlm_judge/__init__.py (register_rewards): each entry module registers its own
 def register_rewards(register):  # noqa: ANN001 - the host's Register callable
     register(
         "framewise",

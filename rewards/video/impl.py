@@ -10,6 +10,8 @@ import torch.nn.functional as F
 
 from vgrpo_platform.protocols import Samples
 
+from .._target import toward_target
+
 
 def _clips(samples: Samples) -> torch.Tensor:
     """``samples.data`` as float32 ``[B, F, 3, H, W]``, or a clear error."""
@@ -118,8 +120,7 @@ class MotionReward:
     def score(
         self, samples: Samples, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]]
     ) -> torch.Tensor:
-        motion = self.motion(samples)
-        return motion if self.target is None else -(motion - self.target).abs()
+        return toward_target(self.motion(samples), self.target)
 
 
 class ReferenceSimilarityReward:

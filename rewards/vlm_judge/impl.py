@@ -4,13 +4,11 @@ of requests, and one-line errors naming the fix for every way a server or its an
 from __future__ import annotations
 
 import base64
-import http.client
 import io
 import json
 import math
 import os
 import re
-import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -22,9 +20,10 @@ from PIL import Image
 
 from vgrpo_platform.errors import RewardError
 from vgrpo_platform.protocols import Samples
-from vgrpo_platform.retrying import TransientError, with_retries
+from vgrpo_platform.retrying import TransientError
 
 from .._clip_common import check_images
+from .._http import JsonPoster
 
 if TYPE_CHECKING:
     from . import Config
@@ -50,7 +49,7 @@ def _fmt(x: float) -> str:
     return f"{x:g}"
 
 
-class VlmJudgeReward:
+class VlmJudgeReward(JsonPoster):
     """Asks the judge at ``base_url`` about each image (pointwise) or each prompt's images (groupwise).
 
     ``score`` returns ``{"score": [B] in [0, 1], detail: [B]}``: the detail is ``raw`` (the judge's
@@ -60,10 +59,15 @@ class VlmJudgeReward:
     """
 
     modalities = frozenset({"image"})
+    error_prefix = "vlm_judge: "
+    not_json_fix = "point options.base_url at an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1"
+    timeout_fix = "raise options.timeout_s, or lower options.concurrency or options.image_size"
+    unreachable_fix = f"start it (e.g. {START_HINT}) or fix options.base_url"
 
     def __init__(self, config: Config) -> None:
         self.config = config
         self.base_url = config.base_url.rstrip("/")
+        self.server, self.replier = f"the judge server at {self.base_url}", f"the judge at {self.base_url}"
         self.url = f"{self.base_url}/chat/completions"
         self.api_key = _api_key(config)
         self.template = config.template()
@@ -269,64 +273,32 @@ class VlmJudgeReward:
 
     # ------------------------------------------------------------------ HTTP
 
-    def _post(self, body: bytes) -> dict[str, Any]:
-        """One POST with up to ``retries`` more tries on transient failures, backing off between them."""
-        return with_retries(
-            lambda: self._post_once(body), retries=self.config.retries, backoff_s=self.config.backoff_s
-        )
-
-    def _post_once(self, body: bytes) -> dict[str, Any]:
+    def _request(self, body: bytes) -> urllib.request.Request:
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
-        where = f"the judge server at {self.base_url}"
-        try:
-            with urllib.request.urlopen(request, timeout=self.config.timeout_s) as response:
-                text = response.read()
-        except urllib.error.HTTPError as exc:
-            code, message = exc.code, _error_text(exc.read())
-            if code == 429 or code >= 500:
-                raise TransientError(
-                    f"vlm_judge: {where} failed (HTTP {code}): {message}; check the server's log"
-                ) from None
-            if code in (401, 403):
-                fix = "set options.api_key_env to the variable holding the server's key (vLLM: --api-key)"
-            elif code == 404:
-                fix = (
-                    "check options.base_url (the OpenAI-compatible root, ending in /v1) and options.model "
-                    f"(the served name; GET {self.base_url}/models lists them)"
-                )
-            else:
-                fix = (
-                    "check options.model, the images per request the server accepts (vLLM: "
-                    "--limit-mm-per-prompt) and, for yes_probability, options.top_logprobs "
-                    "(vLLM: --max-logprobs)"
-                )
-            raise RewardError(
-                f"vlm_judge: {where} refused the request (HTTP {code}): {message}; {fix}"
-            ) from None
-        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:  # timeouts are OSErrors
-            reason = getattr(exc, "reason", exc)
-            if isinstance(reason, TimeoutError):
-                raise TransientError(
-                    f"vlm_judge: no reply from {where} within {self.config.timeout_s:g} s; raise "
-                    "options.timeout_s, or lower options.concurrency or options.image_size"
-                ) from None
-            raise TransientError(
-                f"vlm_judge: cannot reach {where} ({reason}); start it (e.g. {START_HINT}) or fix "
-                "options.base_url"
-            ) from None
-        try:
-            reply = json.loads(text)
-        except ValueError:
-            raise RewardError(
-                f"malformed reply from the judge at {self.base_url}: not JSON ({text[:60]!r}); point "
-                "options.base_url at an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1"
-            ) from None
-        if not isinstance(reply, dict):
-            raise RewardError(f"malformed reply from the judge at {self.base_url}: not a JSON object")
-        return reply
+        return urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+
+    def _http_error(self, code: int, body: bytes) -> Exception:
+        where, message = self.server, _error_text(body)
+        if code == 429 or code >= 500:
+            return TransientError(
+                f"vlm_judge: {where} failed (HTTP {code}): {message}; check the server's log"
+            )
+        if code in (401, 403):
+            fix = "set options.api_key_env to the variable holding the server's key (vLLM: --api-key)"
+        elif code == 404:
+            fix = (
+                "check options.base_url (the OpenAI-compatible root, ending in /v1) and options.model "
+                f"(the served name; GET {self.base_url}/models lists them)"
+            )
+        else:
+            fix = (
+                "check options.model, the images per request the server accepts (vLLM: "
+                "--limit-mm-per-prompt) and, for yes_probability, options.top_logprobs "
+                "(vLLM: --max-logprobs)"
+            )
+        return RewardError(f"vlm_judge: {where} refused the request (HTTP {code}): {message}; {fix}")
 
 
 def _api_key(config: Config) -> str | None:

@@ -45,12 +45,13 @@ def stratified_uniform(
     Each row is a stratified sample of ``U(0, 1)``; a uniformly chosen entry of a row is exactly
     ``U(0, 1)``, so means over the row stay unbiased with lower variance than i.i.d. draws.
     """
-    offsets = torch.rand(n_sets, k, generator=generator, device=_generator_device(generator), dtype=dtype)
+    offsets = iid_uniform(n_sets, k, generator, dtype=dtype)  # [n_sets, k] on the generator's device
     strata = torch.arange(k, device=offsets.device, dtype=dtype)  # [k]
     u = (strata + offsets) / k  # [n_sets, k]
     return u.to(device) if device is not None else u
 
 
+# intended copy of vgrpo_platform/algo/timesteps.py (stratified_uniform): draw_pairs swaps one for the other
 def iid_uniform(
     n_sets: int,
     k: int,

@@ -13,7 +13,7 @@ from vgrpo_platform import media
 from vgrpo_platform.errors import CheckpointError
 from vgrpo_platform.protocols import BuildContext, SamplerSpec, Samples
 from vgrpo_platform.training.checkpoint import Checkpoint, latest_valid_checkpoint, load_checkpoint
-from vgrpo_platform.training.rollout import generate
+from vgrpo_platform.training.rollout import generate_with_extras
 from vgrpo_platform.training.session import Session, build_session, resolve_device
 
 
@@ -83,7 +83,7 @@ def sample_to_folder(
     sampler = SamplerSpec(
         recipe.eval.sampler or recipe.rollout.sampler, recipe.eval.steps or recipe.rollout.steps
     )
-    group_ids, _, _, _, samples = generate(
+    group_ids, _, _, _, samples, _ = generate_with_extras(
         session.adapter,
         list(prompts),
         group_size=num_per_prompt,

@@ -11,14 +11,8 @@ from vgrpo_platform.testing.common import (
     MODALITY_NDIM,
     MODALITY_RANGES,
     ConformanceReport,
-    _cheap,
     _close,
-    _config_check,
-    _config_instance,
-    _entry_module_of,
-    _is_factory,
-    _label,
-    _Run,
+    _open_run,
 )
 
 
@@ -49,14 +43,10 @@ def check_adapter(
 
     context = context if context is not None else BuildContext()
     sampler = sampler if sampler is not None else SamplerSpec("euler", 2)
-    config = _config_instance(config)
-    is_factory = _is_factory(adapter, "denoiser")
-    run = _Run("adapter", label or _label(adapter), checks, ADAPTER_CHECKS)
+    run, config, is_factory = _open_run(
+        "adapter", adapter, "denoiser", config, checks, ADAPTER_CHECKS, entry_module, label
+    )
     state: dict[str, Any] = {}
-    module = _entry_module_of(adapter, entry_module) if is_factory else entry_module
-
-    run("entry_module_cheap", lambda: _cheap(module))
-    run("config_rejects_unknown_keys", lambda: _config_check(config))
 
     def build() -> Any:
         if not is_factory:

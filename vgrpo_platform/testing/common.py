@@ -184,6 +184,30 @@ def _config_check(config: Any) -> str | None:
     return None
 
 
+def _open_run(
+    kind: str,
+    target: Any,
+    attribute: str,
+    config: Any,
+    checks: Iterable[str] | None,
+    known: Sequence[str],
+    entry_module: str | None,
+    label: str | None,
+) -> tuple[_Run, Any, bool]:
+    """Start a kit's run with the two checks every plugin gets: ``(run, config instance, is_factory)``.
+
+    ``target`` is a factory or a built plugin (a built one has ``attribute``, e.g. ``"score"``); both
+    kits open the same way, so the entry-module and config checks read the same for adapters and rewards.
+    """
+    config = _config_instance(config)
+    is_factory = _is_factory(target, attribute)
+    run = _Run(kind, label or _label(target), checks, known)
+    module = _entry_module_of(target, entry_module) if is_factory else entry_module
+    run("entry_module_cheap", lambda: _cheap(module))
+    run("config_rejects_unknown_keys", lambda: _config_check(config))
+    return run, config, is_factory
+
+
 def _close(a: Any, b: Any, atol: float, what: str) -> None:
     import torch
 

@@ -9,14 +9,8 @@ from vgrpo_platform.testing.common import (
     DEFAULT_PROMPTS,
     REWARD_CHECKS,
     ConformanceReport,
-    _cheap,
     _close,
-    _config_check,
-    _config_instance,
-    _entry_module_of,
-    _is_factory,
-    _label,
-    _Run,
+    _open_run,
 )
 
 
@@ -107,12 +101,9 @@ def check_reward(
     from vgrpo_platform.protocols import BuildContext
 
     context = context if context is not None else BuildContext()
-    config = _config_instance(config)
-    is_factory = _is_factory(reward, "score")
-    run = _Run("reward", label or _label(reward), checks, REWARD_CHECKS)
-    module = _entry_module_of(reward, entry_module) if is_factory else entry_module
-    run("entry_module_cheap", lambda: _cheap(module))
-    run("config_rejects_unknown_keys", lambda: _config_check(config))
+    run, config, is_factory = _open_run(
+        "reward", reward, "score", config, checks, REWARD_CHECKS, entry_module, label
+    )
     state: dict[str, Any] = {}
 
     def attributes() -> None:

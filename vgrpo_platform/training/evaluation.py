@@ -27,7 +27,7 @@ from vgrpo_platform.parallel.data_parallel import gather_objects, lockstep_rows,
 from vgrpo_platform.protocols import SamplerSpec, Samples
 from vgrpo_platform.training.grids import save_grid
 from vgrpo_platform.training.monitor import DIVERSITY, EVAL_ONLY_TOTAL
-from vgrpo_platform.training.rollout import generate
+from vgrpo_platform.training.rollout import generate_with_extras
 
 
 @dataclass(frozen=True)
@@ -177,7 +177,7 @@ def evaluate(
     samples = None
     if mine or padding:
         padded = mine + [prompts[-1]] * padding
-        group_ids, _, _, _, samples = generate(
+        group_ids, _, _, _, samples, _ = generate_with_extras(
             session.adapter,
             padded,
             group_size=per_prompt,

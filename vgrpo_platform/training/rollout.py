@@ -48,39 +48,6 @@ RolloutFn = Callable[
 
 
 @torch.no_grad()
-def generate(
-    adapter: Adapter,
-    prompts: Sequence[str],
-    *,
-    group_size: int,
-    sampler: SamplerSpec,
-    generator: torch.Generator,
-    chunk_size: int,
-    device: torch.device | str,
-    noise_window: tuple[int, int] | None = None,
-) -> tuple[torch.Tensor, Conditioning, torch.Tensor, torch.Tensor, Samples]:
-    """Sample ``group_size`` outputs for each prompt.
-
-    Returns ``(group_ids [B], cond [B, ...], noise [B, *L], latents [B, *L], samples)`` with
-    ``B = len(prompts) * group_size``; samples of one prompt are contiguous. Noise is drawn on the
-    CPU generator so a seed gives the same rollout on any device. ``noise_window = (start, total)``
-    (a data-parallel rank's share): draw noise for ``total`` samples and keep rows ``start ..
-    start + B``, so every rank's generator stays in step and each sample gets its single-process noise.
-    Rows past ``total`` (a rank padding its share to keep forwards in lockstep) get zero noise.
-    """
-    return generate_with_extras(
-        adapter,
-        prompts,
-        group_size=group_size,
-        sampler=sampler,
-        generator=generator,
-        chunk_size=chunk_size,
-        device=device,
-        noise_window=noise_window,
-    )[:5]
-
-
-@torch.no_grad()
 def generate_with_extras(
     adapter: Adapter,
     prompts: Sequence[str],
@@ -95,15 +62,22 @@ def generate_with_extras(
     noise_scope: NoiseScope = "sample",
     on_chunk: Callable[[Samples], None] | None = None,
 ) -> tuple[torch.Tensor, Conditioning, torch.Tensor, torch.Tensor, Samples, dict[str, torch.Tensor]]:
-    """``generate`` with an optional surrogate sampler (an SDE that records per-step log-probs).
+    """Sample ``group_size`` outputs for each prompt, optionally with a surrogate's own sampler.
 
-    With ``rollout_fn`` each chunk is sampled by it instead of ``adapter.sample``, drawing its step
-    noise from ``generator`` after the initial noise; its extras are concatenated along the batch.
+    Returns ``(group_ids [B], cond [B, ...], noise [B, *L], latents [B, *L], samples, extras)`` with
+    ``B = len(prompts) * group_size``; samples of one prompt are contiguous. Noise is drawn on the
+    CPU generator so a seed gives the same rollout on any device. ``noise_window = (start, total)``
+    (a data-parallel rank's share): draw noise for ``total`` samples and keep rows ``start ..
+    start + B``, so every rank's generator stays in step and each sample gets its single-process noise.
+    Rows past ``total`` (a rank padding its share to keep forwards in lockstep) get zero noise.
+
+    With ``rollout_fn`` (an SDE that records per-step log-probs) each chunk is sampled by it instead of
+    ``adapter.sample``, drawing its step noise from ``generator`` after the initial noise; its extras
+    are concatenated along the batch (``extras`` is empty without ``rollout_fn``).
     ``noise_scope = "group"`` gives every sample of a prompt the same initial noise (DanceGRPO,
     Flow-GRPO-Fast; a surrogate asks for it with ``initial_noise = "group"``), from the same draw.
     ``on_chunk`` receives each decoded chunk as soon as it exists (``[scoring] overlap`` scores it
     while the next chunk is generated).
-    Returns ``generate``'s tuple plus ``extras`` (empty without ``rollout_fn``).
     """
     group_ids = torch.arange(len(prompts)).repeat_interleave(group_size)  # [B]
     cond = repeat_conditioning(adapter.encode_prompts(list(prompts)), group_ids)

@@ -100,6 +100,7 @@ def build_session(
     with torch.random.fork_rng(devices=[]):  # evaluation-only rewards leave training's random draws alone
         eval_rewards = build_rewards(resolved.eval_rewards)
     return Session(
+        # intended copy of vgrpo_platform/config/recipe.py (ResolvedRecipe(...)): another record's keywords
         adapter=adapter,
         trainable=trainable,
         rewards=rewards,

@@ -34,8 +34,8 @@ import torch
 from vgrpo_platform.algo.surrogates import elbo
 from vgrpo_platform.algo.surrogates.configs import AWMConfig
 from vgrpo_platform.algo.surrogates.nft import EMAPolicy
-from vgrpo_platform.algo.surrogates.vgrpo import predict_x0_on_pairs
-from vgrpo_platform.algo.timesteps import draw_pairs, pair_set_index
+from vgrpo_platform.algo.surrogates.vgrpo import draw_batch_pairs, predict_x0_on_pairs
+from vgrpo_platform.algo.timesteps import pair_set_index
 from vgrpo_platform.protocols import Adapter, RolloutBatch, SurrogateBase
 
 GHUBER_EPS = 1e-10
@@ -113,24 +113,11 @@ class AWMSurrogate(SurrogateBase):
     def _timesteps(self, batch: RolloutBatch, adapter: Adapter, generator: torch.Generator) -> torch.Tensor:
         """``[B, K]`` shared stratified timesteps: continuous strata, or AWM's grid points."""
         cfg = self.config
+        if cfg.timestep_grid is None:
+            t, _ = draw_batch_pairs(batch, adapter, generator, cfg, (1,))  # shared noise unused: only t
+            return t
         x0 = batch.latents
         pair_dtype = torch.promote_types(x0.dtype, torch.float32)
-        if cfg.timestep_grid is None:
-            t, _ = draw_pairs(
-                batch.group_ids,
-                cfg.n_mc,
-                (1,),  # the shared noise is not used: only the shared timesteps
-                generator=generator,
-                scope=cfg.pair_scope,
-                stratified=cfg.stratified,
-                warp=adapter.schedule.warp,
-                t_min=cfg.t_min,
-                t_max=cfg.t_max,
-                device=x0.device,
-                dtype=pair_dtype,
-                rows=batch.rows,
-            )
-            return t
         grid = diffusers_flow_grid(cfg.timestep_grid, adapter.schedule.warp)  # [G]
         high = int(cfg.timestep_grid * cfg.timestep_fraction)
         low = 1 if cfg.grid_skip_first else 0

@@ -27,7 +27,7 @@ import torch
 
 from vgrpo_platform.algo.surrogates import elbo
 from vgrpo_platform.algo.surrogates.configs import DiffusionNFTConfig
-from vgrpo_platform.algo.timesteps import draw_pairs
+from vgrpo_platform.algo.surrogates.vgrpo import PairScheme, draw_batch_pairs
 from vgrpo_platform.finetune import values_swapped_in
 from vgrpo_platform.protocols import Adapter, RolloutBatch, SurrogateBase
 
@@ -120,20 +120,10 @@ class DiffusionNFTSurrogate(SurrogateBase):
         cfg = self.config
         self.old_policy.initialise(adapter.denoiser)
         x0 = batch.latents
-        t, eps = draw_pairs(
-            batch.group_ids,
-            cfg.n_timesteps,
-            tuple(x0.shape[1:]),
-            generator=generator,
-            scope="sample",
-            stratified=False,
-            warp=adapter.schedule.warp,
-            t_min=cfg.t_min,
-            t_max=cfg.t_max,
-            device=x0.device,
-            dtype=torch.promote_types(x0.dtype, torch.float32),
-            rows=batch.rows,
+        scheme = PairScheme(
+            cfg.n_timesteps, pair_scope="sample", stratified=False, t_min=cfg.t_min, t_max=cfg.t_max
         )
+        t, eps = draw_batch_pairs(batch, adapter, generator, scheme, tuple(x0.shape[1:]))
         batch.extras["t"], batch.extras["eps"] = t, eps.to(x0.dtype)
 
     def loss(self, batch: RolloutBatch, adapter: Adapter) -> tuple[torch.Tensor, dict[str, float]]:

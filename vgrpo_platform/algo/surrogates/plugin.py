@@ -9,6 +9,7 @@ authors ship it) are the baselines of docs/method.md section 6, behind the same 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from vgrpo_platform.algo.surrogates.configs import (  # re-exported: the configs' historical import path
@@ -22,6 +23,7 @@ from vgrpo_platform.algo.surrogates.configs import (  # re-exported: the configs
     VGRPOConfig,
 )
 from vgrpo_platform.hookspecs import hookimpl
+from vgrpo_platform.registry import PluginConfig
 
 __all__ = [
     "VGRPOConfig",
@@ -42,23 +44,6 @@ def build_vgrpo(config: VGRPOConfig, context: Any = None) -> Any:
     return VGRPOSurrogate(config)
 
 
-@hookimpl
-def register_surrogates(register):  # noqa: ANN001 - the host's Register callable
-    register(
-        "vgrpo",
-        build_vgrpo,
-        VGRPOConfig,
-        summary="V-GRPO: ELBO surrogate with group-shared stratified pairs and adaptive x-space weighting.",
-    )
-    register(
-        "elbo_naive",
-        build_vgrpo,
-        NaiveELBOConfig,
-        summary="Naive ELBO surrogate (V-GRPO without its three variance-reduction techniques).",
-    )
-    _register_baselines(register)
-
-
 def build_flow_grpo(config: FlowGRPOConfig, context: Any = None) -> Any:
     from vgrpo_platform.algo.surrogates.flow_grpo import FlowGRPOSurrogate
 
@@ -77,42 +62,62 @@ def build_awm(config: AWMConfig, context: Any = None) -> Any:
     return AWMSurrogate(config)
 
 
-def _register_baselines(register):  # noqa: ANN001 - the host's Register callable
-    """The baselines V-GRPO is measured against (one pluggy hook per module: called from it)."""
-    register(
+SURROGATES: tuple[tuple[str, Callable[..., Any], type[PluginConfig], str], ...] = (
+    (
+        "vgrpo",
+        build_vgrpo,
+        VGRPOConfig,
+        "V-GRPO: ELBO surrogate with group-shared stratified pairs and adaptive x-space weighting.",
+    ),
+    (
+        "elbo_naive",
+        build_vgrpo,
+        NaiveELBOConfig,
+        "Naive ELBO surrogate (V-GRPO without its three variance-reduction techniques).",
+    ),
+    # the baselines V-GRPO is measured against
+    (
         "flow_grpo",
         build_flow_grpo,
         FlowGRPOConfig,
-        summary="Flow-GRPO: SDE rollouts, per-step Gaussian log-probs and PPO-clip (MixGRPO window option).",
-    )
-    register(
+        "Flow-GRPO: SDE rollouts, per-step Gaussian log-probs and PPO-clip (MixGRPO window option).",
+    ),
+    (
         "dance_grpo",
         build_flow_grpo,
         DanceGRPOConfig,
-        summary="DanceGRPO: Flow-GRPO with constant SDE noise, group-shared initial noise, a random "
+        "DanceGRPO: Flow-GRPO with constant SDE noise, group-shared initial noise, a random "
         "subset of steps trained.",
-    )
-    register(
+    ),
+    (
         "flow_grpo_fast",
         build_flow_grpo,
         FlowGRPOFastConfig,
-        summary="Flow-GRPO-Fast: ODE rollouts with a short SDE branch at a random early step, trained alone.",
-    )
-    register(
+        "Flow-GRPO-Fast: ODE rollouts with a short SDE branch at a random early step, trained alone.",
+    ),
+    (
         "diffusion_nft",
         build_nft,
         DiffusionNFTConfig,
-        summary="DiffusionNFT: implicit positive/negative policy loss around an EMA old policy.",
-    )
-    register(
+        "DiffusionNFT: implicit positive/negative policy loss around an EMA old policy.",
+    ),
+    (
         "awm",
         build_awm,
         AWMConfig,
-        summary="AWM: advantage-weighted flow-matching loss, shared stratified timesteps, independent noise.",
-    )
-    register(
+        "AWM: advantage-weighted flow-matching loss, shared stratified timesteps, independent noise.",
+    ),
+    (
         "awm_authors",
         build_awm,
         AWMAuthorsConfig,
-        summary="AWM as its authors ship it: generalised-Huber weighting, EMA penalty, grid timesteps.",
-    )
+        "AWM as its authors ship it: generalised-Huber weighting, EMA penalty, grid timesteps.",
+    ),
+)
+"""``(name, factory, config class, summary)`` of each built-in surrogate, in registration order."""
+
+
+@hookimpl
+def register_surrogates(register):  # noqa: ANN001 - the host's Register callable
+    for name, factory, config, summary in SURROGATES:
+        register(name, factory, config, summary=summary)

@@ -15,11 +15,13 @@ forward, detached: the same ratio of exactly 1 and the same gradient, for one fo
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from vgrpo_platform.algo.surrogates import elbo
-from vgrpo_platform.algo.surrogates.configs import VGRPOConfig
-from vgrpo_platform.algo.timesteps import draw_pairs
+from vgrpo_platform.algo.surrogates.configs import AWMConfig, VGRPOConfig
+from vgrpo_platform.algo.timesteps import PairScope, draw_pairs
 from vgrpo_platform.protocols import Adapter, RolloutBatch, SurrogateBase
 
 
@@ -40,6 +42,51 @@ def predict_x0_on_pairs(
         out = adapter.predict(z_t, t_k, cond)  # [B, *L]
         preds.append(schedule.predict_x0(z_t, out, t_k))
     return torch.stack(preds, dim=1)  # [B, K, *L]
+
+
+@dataclass(frozen=True)
+class PairScheme:
+    """How many pairs a surrogate draws per sample, who shares them, and the clamp of ``t``.
+
+    ``VGRPOConfig`` and ``AWMConfig`` carry these fields themselves; a surrogate with a fixed scheme
+    (DiffusionNFT: independent, unstratified draws) builds one of these instead.
+    """
+
+    n_mc: int
+    pair_scope: PairScope
+    stratified: bool
+    t_min: float
+    t_max: float
+
+
+def draw_batch_pairs(
+    batch: RolloutBatch,
+    adapter: Adapter,
+    generator: torch.Generator,
+    scheme: PairScheme | VGRPOConfig | AWMConfig,
+    latent_shape: tuple[int, ...],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``draw_pairs`` for ``batch`` under ``scheme``: ``(t [B, K], eps [B, K, *L])``.
+
+    Every pair-drawing surrogate draws on the adapter's warp, on the batch's device and (data-parallel)
+    rows, in at least float32; one place keeps them in step. AWM passes ``latent_shape = (1,)``: it
+    uses the shared timesteps only.
+    """
+    x0 = batch.latents
+    return draw_pairs(
+        batch.group_ids,
+        scheme.n_mc,
+        latent_shape,
+        generator=generator,
+        scope=scheme.pair_scope,
+        stratified=scheme.stratified,
+        warp=adapter.schedule.warp,
+        t_min=scheme.t_min,
+        t_max=scheme.t_max,
+        device=x0.device,
+        dtype=torch.promote_types(x0.dtype, torch.float32),
+        rows=batch.rows,
+    )
 
 
 class VGRPOSurrogate(SurrogateBase):
@@ -64,22 +111,9 @@ class VGRPOSurrogate(SurrogateBase):
         """Draw the pairs, store them and the old policy's surrogate (and KL anchor) in ``batch.extras``."""
         cfg = self.config
         x0 = batch.latents  # [B, *L]
-        pair_dtype = torch.promote_types(x0.dtype, torch.float32)
         with torch.no_grad():
-            t, eps = draw_pairs(
-                batch.group_ids,
-                cfg.n_mc,
-                tuple(x0.shape[1:]),
-                generator=generator,
-                scope=cfg.pair_scope,
-                stratified=cfg.stratified,
-                warp=adapter.schedule.warp,
-                t_min=cfg.t_min,
-                t_max=cfg.t_max,
-                device=x0.device,
-                dtype=pair_dtype,
-                rows=batch.rows,
-            )  # [B, K], [B, K, *L]
+            latent_shape = tuple(x0.shape[1:])
+            t, eps = draw_batch_pairs(batch, adapter, generator, cfg, latent_shape)  # [B, K], [B, K, *L]
             eps = eps.to(x0.dtype)
             batch.extras["t"] = t
             batch.extras["eps"] = eps
