@@ -1,8 +1,8 @@
 """V-GRPO against its baselines on one adapter, reward and budget: a learning-rate sweep per method, then
 seeds at the chosen rate, every run a resumable cell (docs/benchmarks.md).
 
-    python benchmarks/compare.py --world shapes --lrs 3e-4 1e-3 3e-3 1e-2 --seeds 0 1 2 --iterations 150 \
-        --sweep-iterations 60 --eval-every 15 --eval-prompts 189 --set eval.samples_per_prompt=4 \
+    python benchmarks/compare.py --world shapes --lrs 3e-4 1e-3 3e-3 --seeds 0 1 2 --iterations 150 \
+        --sweep-iterations 150 --eval-every 15 --eval-prompts 189 --set eval.samples_per_prompt=4 \
         --ablations                                                       # the full matrix
     python benchmarks/compare.py --world toy --methods vgrpo flow_grpo --seeds 0 1 --lrs 1e-3 1e-2 \
         --iterations 3                                                                 # the smoke test's
