@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -144,3 +145,20 @@ def test_split_depends_on_seed_and_size():
     assert held == [] and len(train) == len(w.all_prompts())
     with pytest.raises(ValueError):
         w.heldout_pairs(0, 4)
+
+
+def test_partner_split_keeps_evaluated_partners_out_of_rl_and_matches_the_shipped_files():
+    rl, evaluation = w.heldout_partner_split()
+    held = w.heldout_pairs()
+    assert sorted(rl + evaluation) == sorted(w.heldout_prompts()) and set(rl).isdisjoint(evaluation)
+
+    def pairs_in(prompt):
+        return {(o.color, o.shape) for o in w.parse_prompt(prompt).objects}
+
+    met_in_rl = {(h, p) for prompt in rl for h in pairs_in(prompt) & held for p in pairs_in(prompt) - held}
+    for prompt in evaluation:  # a held-out pair never meets, in evaluation, a partner RL showed it with
+        pairs = pairs_in(prompt)
+        assert not {(h, p) for h in pairs & held for p in pairs - held} & met_in_rl
+    root = Path(__file__).resolve().parents[1] / "recipes" / "prompts"
+    assert sorted((root / "shapes_heldout_rl.txt").read_text().splitlines()) == sorted(rl)
+    assert sorted((root / "shapes_heldout_eval.txt").read_text().splitlines()) == sorted(evaluation)

@@ -195,6 +195,34 @@ def heldout_prompts(seed: int = 0, n_heldout_pairs: int = 2) -> list[str]:
     return split_prompts(seed, n_heldout_pairs)[1]
 
 
+def heldout_partner_split(
+    seed: int = 0, n_heldout_pairs: int = 2, split_seed: int = 0
+) -> tuple[list[str], list[str]]:
+    """``(rl, evaluation)``: the held-out prompts cut by the *other* object in them, so that RL can
+    practise each held-out pair in two-object scenes while evaluation still puts it next to partners
+    it never met, neither in pretraining nor in RL. Per held-out pair, a ``split_seed`` permutation
+    of its partners (every colour-shape pair outside H) gives the first half to RL; a prompt that
+    holds two held-out pairs is evaluated only."""
+    held = heldout_pairs(seed, n_heldout_pairs)
+    partners = [(c, s) for c in COLORS for s in SHAPES if (c, s) not in held]
+    rng = np.random.default_rng(split_seed)
+    rl_partners = {
+        pair: {partners[i] for i in rng.permutation(len(partners))[: len(partners) // 2]}
+        for pair in sorted(held)
+    }
+    rl, evaluation = [], []
+    for spec in all_specs():
+        if not is_heldout(spec, held):
+            continue
+        a, b = ((o.color, o.shape) for o in spec.objects)
+        if a in held and b in held:
+            evaluation.append(spec.to_prompt())
+            continue
+        pair, partner = (a, b) if a in held else (b, a)
+        (rl if partner in rl_partners[pair] else evaluation).append(spec.to_prompt())
+    return rl, evaluation
+
+
 # -------------------------------------------------------------------------------------- geometry
 Box = tuple[float, float, float, float]  # x0, y0, x1, y1 in pixels (x right, y down)
 
