@@ -111,6 +111,11 @@ def test_render_paints_each_object_in_its_colour_on_black():
         assert (img[~covered] == 0).all()  # nothing painted outside the boxes
 
 
+def pairs_in(prompt: str) -> set[tuple[str, str]]:
+    """The colour-shape pairs a prompt names."""
+    return {(o.color, o.shape) for o in w.parse_prompt(prompt).objects}
+
+
 def test_split_is_a_deterministic_compositional_partition():
     train, held = w.split_prompts()
     assert (train, held) == (w.train_prompts(), w.heldout_prompts())
@@ -118,9 +123,6 @@ def test_split_is_a_deterministic_compositional_partition():
     pairs = w.heldout_pairs()
     assert len(pairs) == 2
     assert len({c for c, _ in pairs}) == len({s for _, s in pairs}) == len(pairs)
-
-    def pairs_in(prompt):
-        return {(o.color, o.shape) for o in w.parse_prompt(prompt).objects}
 
     def two_object(prompt):
         return len(w.parse_prompt(prompt).objects) == 2
@@ -151,9 +153,6 @@ def test_partner_split_keeps_evaluated_partners_out_of_rl_and_matches_the_shippe
     rl, evaluation = w.heldout_partner_split()
     held = w.heldout_pairs()
     assert sorted(rl + evaluation) == sorted(w.heldout_prompts()) and set(rl).isdisjoint(evaluation)
-
-    def pairs_in(prompt):
-        return {(o.color, o.shape) for o in w.parse_prompt(prompt).objects}
 
     met_in_rl = {(h, p) for prompt in rl for h in pairs_in(prompt) & held for p in pairs_in(prompt) - held}
     for prompt in evaluation:  # a held-out pair never meets, in evaluation, a partner RL showed it with
