@@ -95,6 +95,19 @@ def build_accelerator(device: torch.device, mixed_precision: str, **kwargs: Any)
     )
 
 
+def shut_down(accelerator: Any) -> None:
+    """End a multi-process run cleanly: every rank reaches this point, then the process group is
+    destroyed. A gloo group left alive at interpreter exit can abort a rank while its worker
+    threads are torn down ("terminate called without an active exception")."""
+    if accelerator.num_processes == 1:
+        return
+    import torch.distributed as dist
+
+    accelerator.wait_for_everyone()
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def gather_objects(accelerator: Any, items: list) -> list:
     """Concatenate every rank's Python list in rank order (lengths may differ)."""
     if accelerator.num_processes == 1:

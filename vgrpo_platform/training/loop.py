@@ -406,4 +406,7 @@ def _headline(record: dict[str, float]) -> dict[str, float]:
 
 def run(resolved, *, resume: bool = False) -> Path:  # noqa: ANN001 - recipe.ResolvedRecipe
     """Train the recipe to completion (or until interrupted); returns the run directory."""
-    return Trainer(resolved, resume=resume).run()
+    trainer = Trainer(resolved, resume=resume)
+    run_dir = trainer.run()
+    dp.shut_down(trainer.accelerator)
+    return run_dir
