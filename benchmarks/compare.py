@@ -36,7 +36,7 @@ import render  # noqa: E402
 from render import print_table  # noqa: E402, F401  (the table printer, kept under its old name)
 
 ROOT = Path(__file__).resolve().parents[1]
-WORLDS = {"shapes": ROOT / "recipes" / "quickstart.toml", "toy": ROOT / "recipes" / "toy.toml"}
+WORLDS = {"shapes": ROOT / "benchmarks" / "worlds" / "shapes.toml", "toy": ROOT / "recipes" / "toy.toml"}
 # per world: the batch every cell shares (the quickstart's own KL, schedule, two steps per rollout and
 # weight average are left out: every method trains with the same plain AdamW at its own rate)
 WORLD_SETTINGS: dict[str, list[str]] = {
