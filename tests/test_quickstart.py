@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from vgrpo_adapters import shapes as shapes_adapter
 from vgrpo_rewards import shapes as shapes_reward
-from vgrpo_rewards.shapes.world import heldout_partner_split, heldout_prompts
+from vgrpo_rewards.shapes.world import heldout_partner_split
 
 from vgrpo_platform.algo.surrogates import plugin as surrogates
 from vgrpo_platform.config.recipe import resolve_recipe
@@ -41,7 +41,6 @@ def test_recipe_trains_on_half_the_heldout_compositions_and_evaluates_on_the_oth
     rl, evaluation = heldout_partner_split()
     assert sorted(resolved.train_prompts) == sorted(rl)
     assert sorted(resolved.eval_prompts) == sorted(evaluation)
-    assert not set(rl) & set(evaluation) and sorted(rl + evaluation) == sorted(heldout_prompts())
     # every evaluation prompt, 756+ samples in all: a standard error under 2 points
     assert r.eval.max_prompts >= len(evaluation) and r.eval.samples_per_prompt * len(evaluation) >= 756
 
