@@ -56,15 +56,15 @@ class TrueCFGMixin:
         null = self.null_conditioning(cond, batch)
         both = {k: torch.cat([null[k].to(self.device), cond[k].to(self.device)]) for k in cond}
         t = t.to(device=z.device, dtype=torch.float32).expand(batch)  # [B]
-        v_null, v_cond = self._transformer(torch.cat([z, z]), torch.cat([t, t]), both).chunk(2)
+        v_null, v_cond = self.network_velocity(torch.cat([z, z]), torch.cat([t, t]), both).chunk(2)
         return v_null, v_cond, t
 
-    def predict(self, z_t: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+    def policy_velocity(self, z_t: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
         if self.uses_cfg and self.cfg_in_training:
             return self.guided_velocity(z_t, t, cond)
-        return super().predict(z_t, t, cond)
+        return super().policy_velocity(z_t, t, cond)  # type: ignore[misc]
 
-    def _rollout_velocity(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+    def rollout_velocity(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
         if self.uses_cfg:
             return self.guided_velocity(z, t, cond)
-        return super().predict(z, t, cond)
+        return super().rollout_velocity(z, t, cond)  # type: ignore[misc]

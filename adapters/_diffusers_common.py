@@ -1,7 +1,7 @@
 """What the diffusers-backed flow adapters share, whatever they generate (image, video, audio).
 
 Loading a pipeline by hub id or folder with a clear error, dtype and timestep-shift resolution, the
-per-prompt text-embedding cache, text-encoder offload, rollouts through the core's ODE solvers, the
+per-prompt text-embedding cache, text-encoder offload, the
 construction from a config, and (``_diffusers_export``) writing the trained weights in the format
 diffusers loads back. ``DiffusersFlowAdapter`` holds the modality-independent part, ``DiffusersImageAdapter``
 the image part; ``_diffusers_video`` and the audio adapter add theirs. Model-specific parts (prompt
@@ -22,8 +22,8 @@ from vgrpo_adapters._diffusers_export import EXPORT_INFO as EXPORT_INFO  # re-ex
 from vgrpo_adapters._diffusers_export import TransformerExport
 
 from vgrpo_platform.errors import VgrpoError
-from vgrpo_platform.protocols import BuildContext, Conditioning, SamplerSpec, Samples
-from vgrpo_platform.sampling import solve_flow_ode
+from vgrpo_platform.network import CoreCalledAdapter
+from vgrpo_platform.protocols import BuildContext, Conditioning, Samples
 from vgrpo_platform.schedules import RectifiedFlowSchedule
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -196,14 +196,15 @@ def constructor_keywords(cls: type) -> set[str]:
 # ------------------------------------------------------------------------------------ the adapters
 
 
-class DiffusersFlowAdapter(TransformerExport):
+class DiffusersFlowAdapter(CoreCalledAdapter, TransformerExport):
     """A diffusers text-conditioned rectified-flow pipeline as a vgrpo ``Adapter``, any modality.
 
     Only the transformer (``denoiser``) is trained; VAE and text encoders are frozen. A modality's
     subclass implements ``_init_modality`` (its size options, after the models are on the device),
     ``default_shift``, ``latent_shape`` and ``decode``; a model's subclass sets ``pipeline_class`` and
-    ``lora_target_modules`` and implements ``_encode`` (uncached prompts -> batch-first tensors) and
-    ``_transformer`` (one network call); it may override ``_rollout_velocity`` (e.g. with CFG).
+    ``lora_target_modules`` and implements ``_encode`` (uncached prompts -> batch-first tensors),
+    ``denoiser_inputs`` and, where the output is packed, ``denoiser_output``: the core makes the call
+    (``vgrpo_platform.network``) and gives ``predict`` and ``sample``; CFG overrides the velocities.
     Constructor keywords are named after the config's fields, so one ``options_from_config`` serves all.
     """
 
@@ -279,7 +280,8 @@ class DiffusersFlowAdapter(TransformerExport):
     def _encode(self, prompts: list[str]) -> Conditioning:
         raise NotImplementedError
 
-    def _transformer(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+    def denoiser_inputs(self, z_t: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> dict[str, Any]:
+        """The transformer's keyword inputs (one network call, made by the core's ``DenoiserCall``)."""
         raise NotImplementedError
 
     # --------------------------------------------------------------------------------- the protocol
@@ -299,21 +301,6 @@ class DiffusersFlowAdapter(TransformerExport):
         finally:
             for encoder in self.text_encoders:
                 encoder.to("cpu")
-
-    def predict(self, z_t: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
-        """Velocity ``v ~ eps - x0`` at latents ``z_t`` ``[B, *L]``, ``t`` ``[B]`` in ``[0, 1]``."""
-        t = t.to(device=z_t.device, dtype=torch.float32).expand(z_t.shape[0])  # [B]
-        return self._transformer(z_t, t, cond).to(z_t.dtype)
-
-    def _rollout_velocity(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
-        return self.predict(z, t, cond)
-
-    def sample(self, noise: torch.Tensor, cond: Conditioning, sampler: SamplerSpec) -> torch.Tensor:
-        """Clean latents ``[B, *L]`` from noise at t=1, without gradient."""
-        with torch.no_grad():
-            return solve_flow_ode(
-                lambda z, t: self._rollout_velocity(z, t, cond), noise, sampler, shift=self.schedule.shift
-            )
 
 
 class DiffusersImageAdapter(DiffusersFlowAdapter):

@@ -135,24 +135,25 @@ def build_surrogate(method: str) -> Any:
 
 
 class CallLog:
-    """``adapter`` with every ``predict`` call's rows recorded, split by whether autograd is on."""
+    """Rows through every forward of ``adapter``'s denoiser, split by whether autograd is on: a forward
+    pre-hook on the module (the core makes every call, so none goes around it)."""
 
     def __init__(self, adapter: Any) -> None:
-        self._adapter = adapter
         self.grad_rows = 0
         self.nograd_rows = 0
+        self.handle = adapter.denoiser.register_forward_pre_hook(self._count, with_kwargs=True)
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._adapter, name)
-
-    def predict(self, z_t: Any, t: Any, cond: Any) -> Any:
+    def _count(self, module: Any, args: Any, kwargs: Any) -> None:
         import torch
 
+        first = next(v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor))
         if torch.is_grad_enabled():
-            self.grad_rows += int(z_t.shape[0])
+            self.grad_rows += int(first.shape[0])
         else:
-            self.nograd_rows += int(z_t.shape[0])
-        return self._adapter.predict(z_t, t, cond)
+            self.nograd_rows += int(first.shape[0])
+
+    def close(self) -> None:
+        self.handle.remove()
 
 
 # --------------------------------------------------------------------------------- measuring a row
@@ -257,7 +258,6 @@ def one_iteration(
     import torch
 
     from vgrpo_platform.protocols import RolloutBatch, SamplerSpec
-    from vgrpo_platform.training.chunked import ChunkedPredictions
 
     device = adapter.device
     generator = torch.Generator().manual_seed(seed)
@@ -272,7 +272,7 @@ def one_iteration(
     t0 = time.perf_counter()
     with _autocast(device, setting.dtype):
         if surrogate.owns_rollout:  # every SurrogateBase has rollout(); only these sample with it
-            latents, extras = surrogate.rollout(log, noise, cond, sampler, generator)
+            latents, extras = surrogate.rollout(adapter, noise, cond, sampler, generator)
         else:
             latents, extras = adapter.sample(noise, cond, sampler), {}
     _sync(device)
@@ -290,17 +290,19 @@ def one_iteration(
         extras=extras,
     )
     with _autocast(device, setting.dtype):
-        surrogate.prepare(batch, ChunkedPredictions(log, setting.micro_batch), generator)
+        with adapter.network.rows_at_most(setting.micro_batch):
+            surrogate.prepare(batch, adapter, generator)
     optimizer.zero_grad(set_to_none=True)
     for micro in torch.arange(b).split(setting.micro_batch):
         part = batch.select(micro.to(device))
         with _autocast(device, setting.dtype):
-            loss, _ = surrogate.loss(part, log)
+            loss, _ = surrogate.loss(part, adapter)
         (loss * (len(micro) / b)).backward()
     torch.nn.utils.clip_grad_norm_(params, 1.0)
     optimizer.step()
     _sync(device)
     t2 = time.perf_counter()
+    log.close()
     return {
         "rollout_s": t1 - t0,
         "train_s": t2 - t1,

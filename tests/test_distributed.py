@@ -243,6 +243,7 @@ def test_unsupported_launches_stop_with_the_fix(kind, plugin, message):
 
     from accelerate.utils import DistributedType
 
+    from vgrpo_platform.network import DenoiserCall
     from vgrpo_platform.parallel.data_parallel import configure_launch, prepare_for_data_parallel
 
     accelerator = SimpleNamespace(
@@ -254,7 +255,9 @@ def test_unsupported_launches_stop_with_the_fix(kind, plugin, message):
     model = torch.nn.Linear(2, 2)
     with pytest.raises(RecipeError, match=message):  # DeepSpeed: before any model is built
         configure_launch(accelerator, grad_clip=0.5, micro_batch_size=2)
-        prepare_for_data_parallel(accelerator, model, torch.optim.SGD(model.parameters(), lr=0.1))
+        prepare_for_data_parallel(
+            accelerator, DenoiserCall(model), torch.optim.SGD(model.parameters(), lr=0.1)
+        )
 
 
 def test_the_recipe_fills_the_deepspeed_keys_it_owns():

@@ -16,6 +16,7 @@ from tiny_models import LinearVelocityAdapter as TinyAdapter
 from vgrpo_platform.algo.surrogates.elbo import pair_loss
 from vgrpo_platform.algo.surrogates.plugin import NaiveELBOConfig, VGRPOConfig, register_surrogates
 from vgrpo_platform.algo.surrogates.vgrpo import VGRPOSurrogate
+from vgrpo_platform.network import CoreCalledAdapter
 from vgrpo_platform.protocols import RolloutBatch, Surrogate
 from vgrpo_platform.schedules import RectifiedFlowSchedule
 
@@ -390,20 +391,31 @@ def test_plugin_module_does_not_import_torch() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-@pytest.mark.parametrize("kl_anchor", ["old", "reference"])
-def test_prepare_through_chunked_predictions_equals_the_whole_batch(kl_anchor: str) -> None:
-    """The trainer hands ``prepare`` an adapter whose forwards see at most a micro-batch of rows."""
-    from vgrpo_platform.training.chunked import ChunkedPredictions
+class CoreCalledTiny(CoreCalledAdapter, TinyAdapter):
+    """The tiny linear model with its call made by the core (``vgrpo_platform.network``)."""
 
+    def denoiser_inputs(self, z_t: torch.Tensor, t: torch.Tensor, cond: dict) -> dict:
+        return {"input": torch.cat([z_t.flatten(1), t[:, None].to(z_t.dtype), cond["emb"]], dim=1)}
+
+    def denoiser_output(self, output: torch.Tensor, z_t: torch.Tensor) -> torch.Tensor:
+        return output.view_as(z_t)
+
+
+@pytest.mark.parametrize("kl_anchor", ["old", "reference"])
+def test_prepare_with_rows_capped_equals_the_whole_batch(kl_anchor: str) -> None:
+    """The trainer runs ``prepare`` with the core's call capped at a micro-batch of rows per forward."""
     cfg = VGRPOConfig(n_mc=3, kl_beta=0.1, kl_anchor=kl_anchor)
-    whole, sliced = TinyAdapter(), TinyAdapter()
+    whole, sliced = CoreCalledTiny(), CoreCalledTiny()
     seen: list[int] = []
-    inner = sliced.predict
-    sliced.predict = lambda z, t, c: seen.append(z.shape[0]) or inner(z, t, c)
+    sliced.denoiser.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(kwargs["input"].shape[0]), with_kwargs=True
+    )
     a, b = make_batch(whole, GROUPS), make_batch(sliced, GROUPS)
     VGRPOSurrogate(cfg).prepare(a, whole, torch.Generator().manual_seed(0))
-    VGRPOSurrogate(cfg).prepare(b, ChunkedPredictions(sliced, 3), torch.Generator().manual_seed(0))
+    with sliced.network.rows_at_most(3):
+        VGRPOSurrogate(cfg).prepare(b, sliced, torch.Generator().manual_seed(0))
     assert seen and max(seen) == 3 and sum(seen) % len(GROUPS) == 0  # 8 rows -> slices of 3, 3, 2
+    assert sliced.network.max_rows is None  # the cap ends with its context
     assert a.extras.keys() == b.extras.keys()
     for key in a.extras:
         torch.testing.assert_close(a.extras[key], b.extras[key])

@@ -8,12 +8,17 @@ the initial weights (on CPU) and swaps it in only while the reference is evaluat
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 import torch
 
-_REFERENCE_STATE = "_vgrpo_reference_state"
+_FROZEN_REFERENCES: weakref.WeakKeyDictionary[torch.nn.Module, dict[str, torch.Tensor]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Full fine-tuning's initial weights (CPU), held here by module: nothing is stored on the module itself,
+and a reference lives exactly as long as its model."""
 
 
 def attach_lora(
@@ -51,11 +56,9 @@ def attach_lora(
 def enable_full_finetune(denoiser: torch.nn.Module) -> list[torch.nn.Parameter]:
     """Train every weight; keep a CPU copy of the initial ones as the frozen reference."""
     denoiser.requires_grad_(True)
-    setattr(
-        denoiser,
-        _REFERENCE_STATE,
-        {n: p.detach().to("cpu", copy=True) for n, p in denoiser.named_parameters()},
-    )
+    _FROZEN_REFERENCES[denoiser] = {
+        n: p.detach().to("cpu", copy=True) for n, p in denoiser.named_parameters()
+    }
     return list(denoiser.parameters())
 
 
@@ -86,7 +89,7 @@ def reference_mode(adapter) -> Iterator[None]:  # noqa: ANN001 - any protocols.A
             for layer in layers:
                 layer.enable_adapters(True)
         return
-    reference = getattr(denoiser, _REFERENCE_STATE, None)
+    reference = _FROZEN_REFERENCES.get(denoiser)
     if reference is None:
         yield  # nothing trained yet: the current weights are the reference
         return

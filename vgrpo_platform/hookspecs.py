@@ -47,5 +47,16 @@ def register_surrogates(register):  # noqa: ANN001
 
 
 @hookspec
+def register_rollout_backends(register):  # noqa: ANN001
+    """Register rollout backends: where training rollouts' final latents come from.
+
+    Call ``register(name, factory, config, summary=...)``; ``factory(config, context)`` returns a
+    ``vgrpo_platform.rollout_backends.contract.RolloutBackend``. ``config`` validates
+    ``[rollout.backend_options]`` and carries two class attributes read without building it: ``exact``
+    (bit-identical to the trainer's own sampler) and ``overlaps`` (can generate during an update).
+    """
+
+
+@hookspec
 def register_commands(app):  # noqa: ANN001
     """Add sub-commands to the ``vgrpo`` command line; ``app`` is the root ``typer.Typer``."""

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-KINDS = ("adapter", "reward", "surrogate")
+KINDS = ("adapter", "reward", "surrogate", "rollout_backend")
 
 
 class PluginConfig(BaseModel):

@@ -68,21 +68,24 @@ class LongCatAudioAdapter(TrueCFGMixin, DiffusersFlowAdapter):
         embeds = F.pad(embeds[:, :s], (0, 0, 0, max(0, s - embeds.shape[1])))  # [B, S, D]
         return {"prompt_embeds": embeds, "prompt_lengths": lengths.clamp(max=s).long()}
 
-    def _transformer(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
-        """The core's velocity ``[B, C, T]`` from LongCat's reversed-time ``x - eps`` prediction."""
+    def denoiser_inputs(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> dict[str, Any]:
+        """LongCat's inputs: latents as ``[B, T, C]`` and reversed time ``1 - t``."""
         hidden = z.to(self.device, self.dtype).transpose(1, 2)  # [B, T, C]
         embeds = cond["prompt_embeds"].to(self.device, self.dtype)  # [B, S, D]
         positions = torch.arange(embeds.shape[1], device=self.device)
         text_mask = positions[None] < cond["prompt_lengths"].to(self.device)[:, None]  # [B, S]
-        out = self.denoiser(
+        return dict(
             hidden_states=hidden,
             encoder_hidden_states=embeds,
             encoder_attention_mask=text_mask,
             timestep=(1 - t.to(self.device)).to(self.dtype),
             attention_mask=torch.ones(hidden.shape[:2], dtype=torch.bool, device=self.device),
             latent_cond=torch.zeros_like(hidden),
-        ).sample  # [B, T, C]
-        return -out.transpose(1, 2)
+        )
+
+    def denoiser_output(self, output: Any, z: torch.Tensor) -> torch.Tensor:
+        """The core's velocity ``[B, C, T]`` from LongCat's reversed-time ``x - eps`` prediction."""
+        return -output.sample.transpose(1, 2)
 
     # --------------------------------------------------------------------------------------- CFG
     def null_conditioning(self, cond: Conditioning, batch: int) -> Conditioning:

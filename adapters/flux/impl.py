@@ -69,13 +69,13 @@ class FluxAdapter(DiffusersImageAdapter):
         """``[B, (h/2)(w/2), 4C]`` -> ``[B, C, h, w]``."""
         return FluxPipeline._unpack_latents(tokens, self.resolution, self.resolution, self.vae_scale_factor)
 
-    def _transformer(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+    def denoiser_inputs(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> dict[str, Any]:
         batch = z.shape[0]
         prompt_embeds = cond["prompt_embeds"].to(self.device, self.dtype)  # [B, S, D]
         guidance = None
         if self.guidance is not None:
             guidance = torch.full((batch,), self.guidance, device=self.device, dtype=torch.float32)  # [B]
-        out = self.denoiser(
+        return dict(
             hidden_states=self.pack(z.to(self.device, self.dtype)),  # [B, N, 4C]
             timestep=t.to(self.device),  # FLUX's transformer takes sigma in [0, 1] and scales it by 1000
             guidance=guidance,
@@ -84,5 +84,7 @@ class FluxAdapter(DiffusersImageAdapter):
             txt_ids=torch.zeros(prompt_embeds.shape[1], 3, device=self.device, dtype=self.dtype),
             img_ids=self.img_ids,
             return_dict=False,
-        )[0]
-        return self.unpack(out)  # [B, C, h, w]
+        )
+
+    def denoiser_output(self, output: Any, z: torch.Tensor) -> torch.Tensor:
+        return self.unpack(output[0])  # [B, C, h, w]

@@ -105,14 +105,14 @@ class Flux2AdapterBase(DiffusersImageAdapter):
             )
         return self._txt_ids[length]
 
-    def _transformer(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+    def denoiser_inputs(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> dict[str, Any]:
         batch = z.shape[0]
         embeds = cond["prompt_embeds"].to(self.device, self.dtype)  # [B, L, 3D]
         guidance = None
         if self.guidance is not None:
             guidance = torch.full((batch,), self.guidance, device=self.device, dtype=torch.float32)  # [B]
         txt_ids = self._text_ids(embeds.shape[1])  # [L, 4]
-        out = self.denoiser(
+        return dict(
             hidden_states=self.pack(z.to(self.device, self.dtype)),  # [B, N, 4C]
             timestep=t.to(self.device),  # sigma in [0, 1], as the pipelines pass timestep / 1000
             guidance=guidance,
@@ -120,8 +120,10 @@ class Flux2AdapterBase(DiffusersImageAdapter):
             txt_ids=txt_ids,
             img_ids=self.img_ids,
             return_dict=False,
-        )[0]
-        return self.unpack(out)  # [B, 4C, h, w]
+        )
+
+    def denoiser_output(self, output: Any, z: torch.Tensor) -> torch.Tensor:
+        return self.unpack(output[0])  # [B, 4C, h, w]
 
     def _vae_decode(self, part: torch.Tensor) -> torch.Tensor:
         """Latents ``[b, 4C, h, w]`` -> images ``[b, 3, H, W]``: un-normalised, unpatchified, decoded."""

@@ -104,13 +104,13 @@ class HunyuanVideo15Adapter(TrueCFGMixin, DiffusersVideoAdapter):
         )
         return {"prompt_embeds": embeds, "prompt_mask": mask, "glyph_embeds": glyph, "glyph_mask": glyph_mask}
 
-    def _transformer(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+    def denoiser_inputs(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> dict[str, Any]:
         z = z.to(self.device, self.dtype)  # [B, C, f, h, w]
         batch, _, frames, height, width = z.shape
         cond_latents = torch.zeros_like(z)  # t2v: no first-frame conditioning
         cond_mask = z.new_zeros(batch, 1, frames, height, width)
         image_embeds = z.new_zeros(batch, self.pipe.vision_num_semantic_tokens, self.pipe.vision_states_dim)
-        return self.denoiser(
+        return dict(
             hidden_states=torch.cat([z, cond_latents, cond_mask], dim=1),  # [B, 2C + 1, f, h, w]
             image_embeds=image_embeds,
             timestep=(t.to(self.device) * TIMESTEP_SCALE).to(self.dtype),
@@ -119,7 +119,7 @@ class HunyuanVideo15Adapter(TrueCFGMixin, DiffusersVideoAdapter):
             encoder_hidden_states_2=cond["glyph_embeds"].to(self.device, self.dtype),
             encoder_attention_mask_2=cond["glyph_mask"].to(self.device, self.dtype),
             return_dict=False,
-        )[0]
+        )
 
     # ------------------------------------------------------------------------------------ decode
     def _vae_decode(self, part: torch.Tensor) -> torch.Tensor:

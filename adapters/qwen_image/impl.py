@@ -145,10 +145,10 @@ class QwenImageAdapter(TrueCFGMixin, DiffusersImageAdapter):
         )  # [B, C, 1, h, w]
         return out[:, :, 0]  # drop the one-frame axis
 
-    def _transformer(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+    def denoiser_inputs(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> dict[str, Any]:
         embeds = cond["prompt_embeds"]
         embeds, mask = trim_text(embeds, cond["prompt_mask"].to(embeds.device))
-        out = self.denoiser(
+        return dict(
             hidden_states=self.pack(z.to(self.device, self.dtype)),  # [B, N, 4C]
             timestep=t.to(self.device),  # sigma in [0, 1], as the pipeline passes timestep / 1000
             guidance=None,
@@ -156,8 +156,10 @@ class QwenImageAdapter(TrueCFGMixin, DiffusersImageAdapter):
             encoder_hidden_states_mask=None if mask is None else mask.to(self.device),
             img_shapes=[self.img_shapes] * z.shape[0],
             return_dict=False,
-        )[0]
-        return self.unpack(out)  # [B, C, h, w]
+        )
+
+    def denoiser_output(self, output: Any, z: torch.Tensor) -> torch.Tensor:
+        return self.unpack(output[0])  # [B, C, h, w]
 
     # --------------------------------------------------------------------------------------- CFG
     def guided_velocity(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
@@ -165,8 +167,9 @@ class QwenImageAdapter(TrueCFGMixin, DiffusersImageAdapter):
         token's 4C-vector rescaled to the conditional prediction's norm."""
         batch = z.shape[0]
         t = t.to(device=z.device, dtype=torch.float32).expand(batch)
-        v_cond = self.pack(self._transformer(z, t, cond))  # [B, N, 4C]
-        v_null = self.pack(self._transformer(z, t, self.null_conditioning(cond, batch)))
+        v_cond = self.pack(self.network_velocity(z, t, cond))  # [B, N, 4C]
+        with self.network.branch("uncond"):  # a second call per step: its own cache state
+            v_null = self.pack(self.network_velocity(z, t, self.null_conditioning(cond, batch)))
         combined = v_null + self.cfg_scale * (v_cond - v_null)
         scale = v_cond.norm(dim=-1, keepdim=True) / combined.norm(dim=-1, keepdim=True)  # [B, N, 1]
         return self.unpack(combined * scale).to(z.dtype)

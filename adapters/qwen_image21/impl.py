@@ -103,40 +103,46 @@ class QwenImage21Adapter(QwenImageAdapter):
             )
         return pad_text(embeds, mask, self.max_sequence_length)
 
-    def _transformer(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+    def network_velocity(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
         """One call per prompt length in the batch, each unpadded: the image tokens' RoPE positions follow
         the text length, padding included, so a padded prompt would not give its own unbatched result."""
         embeds, mask = cond["prompt_embeds"], cond["prompt_mask"]
         if mask.is_meta:  # FLOP counting without values (benchmarks/throughput.py): all S tokens
-            return self._joint_call(z, t, embeds)
+            return super().network_velocity(z, t, {"prompt_embeds": embeds})
         lengths = mask.sum(dim=1).to(z.device)
         parts, order = [], []
         for length in lengths.unique().tolist():
             rows = (lengths == length).nonzero(as_tuple=True)[0]
-            parts.append(self._joint_call(z[rows], t[rows], embeds[rows.to(embeds.device), : int(length)]))
+            one_length = {"prompt_embeds": embeds[rows.to(embeds.device), : int(length)]}
+            parts.append(super().network_velocity(z[rows], t[rows], one_length))
             order.append(rows)
         return torch.cat(parts)[torch.cat(order).argsort()]
 
-    def _joint_call(self, z: torch.Tensor, t: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
-        """The pipeline's transformer call for prompts of one length ``embeds`` ``[B, s, D]`` (no mask)."""
+    def denoiser_inputs(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> dict[str, Any]:
+        """The pipeline's transformer inputs for prompts of one length, ``[B, s, D]`` (no mask)."""
+        embeds = cond["prompt_embeds"]
         batch, tokens = z.shape[0], self.latent_side**2
         text = torch.zeros(batch, embeds.shape[1], dtype=torch.bool, device=self.device)
         img_mask = torch.cat([text, text.new_ones(batch, tokens // SLOT)], dim=1)  # [B, s + N/4]
-        out = self.denoiser(
+        return dict(
             hidden_states=self.pack(z.to(self.device, self.dtype)),  # [B, N, C]
             timestep=t.to(self.device),  # sigma in [0, 1], as the pipeline passes timestep / 1000
             encoder_hidden_states=embeds.to(self.device, self.dtype),  # [B, s, D]
             img_shapes=[self.img_shapes] * batch,
             img_mask=img_mask,
             return_dict=False,
-        )[0]
-        return self.unpack(out[:, -tokens:])  # the target image's tokens -> [B, C, h, w]
+        )
+
+    def denoiser_output(self, output: Any, z: torch.Tensor) -> torch.Tensor:
+        tokens = self.latent_side**2
+        return self.unpack(output[0][:, -tokens:])  # the target image's tokens -> [B, C, h, w]
 
     def guided_velocity(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
         """The pipeline's true CFG: two calls (each prompt set at its own length), no rescaling."""
         t = t.to(device=z.device, dtype=torch.float32).expand(z.shape[0])
-        v_cond = self._transformer(z, t, cond)
-        v_null = self._transformer(z, t, self.null_conditioning(cond, z.shape[0]))
+        v_cond = self.network_velocity(z, t, cond)
+        with self.network.branch("uncond"):  # a second call per step: its own cache state
+            v_null = self.network_velocity(z, t, self.null_conditioning(cond, z.shape[0]))
         return (v_null + self.cfg_scale * (v_cond - v_null)).to(z.dtype)
 
     def _vae_decode(self, part: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,7 @@ surrogate) guided too.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from diffusers import StableDiffusion3Pipeline
@@ -59,11 +60,11 @@ class SD3Adapter(TrueCFGMixin, DiffusersImageAdapter):
         )
         return {"prompt_embeds": prompt_embeds, "pooled_prompt_embeds": pooled}
 
-    def _transformer(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
-        return self.denoiser(
+    def denoiser_inputs(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> dict[str, Any]:
+        return dict(
             hidden_states=z.to(self.device, self.dtype),  # [B, C, h, w]
             timestep=t.to(self.device) * TIMESTEP_SCALE,
             encoder_hidden_states=cond["prompt_embeds"].to(self.device, self.dtype),
             pooled_projections=cond["pooled_prompt_embeds"].to(self.device, self.dtype),
             return_dict=False,
-        )[0]
+        )

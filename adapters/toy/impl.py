@@ -8,6 +8,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from diffusers import SD3Transformer2DModel
@@ -15,8 +16,8 @@ from transformers import CLIPTextModelWithProjection, CLIPTokenizer
 from vgrpo_adapters.toy import ToyAdapterConfig
 from vgrpo_adapters.toy.build import build_toy_model, is_built
 
-from vgrpo_platform.protocols import BuildContext, Conditioning, SamplerSpec, Samples
-from vgrpo_platform.sampling import solve_flow_ode
+from vgrpo_platform.network import CoreCalledAdapter
+from vgrpo_platform.protocols import BuildContext, Conditioning, Samples
 from vgrpo_platform.schedules import RectifiedFlowSchedule
 
 TIMESTEP_SCALE = 1000.0
@@ -25,7 +26,7 @@ TIMESTEP_SCALE = 1000.0
 HEAD_DIM, TEXT_DIM, MAX_PROMPT_TOKENS = 16, 32, 32  # fixed sizes of a built toy model
 
 
-class ToyAdapter:
+class ToyAdapter(CoreCalledAdapter):
     """SD3 MMDiT (trained) + CLIP text encoder (frozen) + byte-level CLIP tokenizer."""
 
     modality = "image"
@@ -147,24 +148,16 @@ class ToyAdapter:
         out = self.text_encoder(input_ids=tokens.input_ids.to(self.device))
         return {"prompt_embeds": out.last_hidden_state, "pooled_prompt_embeds": out.text_embeds}
 
-    def predict(self, z_t: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
-        """Velocity ``v ~ eps - x0`` at ``z_t`` ``[B, 3, R, R]``, ``t`` ``[B]`` in ``[0, 1]``."""
-        t = t.to(device=z_t.device, dtype=torch.float32).expand(z_t.shape[0])  # [B]
-        out = self.denoiser(
-            hidden_states=z_t.to(self.dtype),
-            encoder_hidden_states=cond["prompt_embeds"].to(self.dtype),
-            pooled_projections=cond["pooled_prompt_embeds"].to(self.dtype),
-            timestep=t * TIMESTEP_SCALE,
-            return_dict=False,
-        )[0]
-        return out.to(z_t.dtype)  # [B, 3, R, R]
-
-    def sample(self, noise: torch.Tensor, cond: Conditioning, sampler: SamplerSpec) -> torch.Tensor:
-        """Clean images ``[B, 3, R, R]`` in model space (about ``[-1, 1]``) from noise, no gradient."""
-        with torch.no_grad():
-            return solve_flow_ode(
-                lambda z, t: self.predict(z, t, cond), noise, sampler, shift=self.schedule.shift
-            )
+    def denoiser_inputs(self, z_t: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> dict[str, Any]:
+        """The SD3 transformer's inputs for ``z_t`` ``[B, 3, R, R]`` at ``t`` ``[B]`` in ``[0, 1]``; its
+        output is the velocity ``v ~ eps - x0`` (``CoreCalledAdapter`` gives ``predict`` and ``sample``)."""
+        return {
+            "hidden_states": z_t.to(self.dtype),
+            "encoder_hidden_states": cond["prompt_embeds"].to(self.dtype),
+            "pooled_projections": cond["pooled_prompt_embeds"].to(self.dtype),
+            "timestep": t * TIMESTEP_SCALE,
+            "return_dict": False,
+        }
 
     def decode(self, latents: torch.Tensor) -> Samples:
         """``[-1, 1]`` pixels -> ``[0, 1]`` images ``[B, 3, R, R]`` (float32, clamped)."""

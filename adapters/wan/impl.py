@@ -118,13 +118,13 @@ class WanAdapter(TrueCFGMixin, DiffusersVideoAdapter):
         )
         return {"prompt_embeds": embeds}
 
-    def _transformer(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
-        return self.denoiser(
+    def denoiser_inputs(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> dict[str, Any]:
+        return dict(
             hidden_states=z.to(self.device, self.dtype),  # [B, C, f, h, w]
             timestep=t.to(self.device) * TIMESTEP_SCALE,
             encoder_hidden_states=cond["prompt_embeds"].to(self.device, self.dtype),
             return_dict=False,
-        )[0]
+        )
 
     # --------------------------------------------------------------------------------------- CFG
     def guided_velocity(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:

@@ -152,7 +152,9 @@ def summary_lines(resolved: ResolvedRecipe) -> list[str]:
         f"rewards    {rewards} ({r.grpo.reward_aggregation})",
         f"surrogate  {resolved.surrogate.spec.name}",
         f"rollout    {r.rollout.prompts_per_iteration} prompts x {r.rollout.group_size} samples = {batch} "
-        f"per iteration, {r.rollout.sampler} {r.rollout.steps} steps",
+        f"per iteration, {r.rollout.sampler} {r.rollout.steps} steps"
+        + (f", backend {r.rollout.backend}" if r.rollout.backend != "in_process" else "")
+        + (" (overlapped: one update old)" if r.rollout.overlap else ""),
         f"train      {r.train.iterations} iterations, lr {r.train.lr:g}, {r.train.finetune}, "
         f"micro-batch {r.train.micro_batch_size}",
         f"prompts    {len(resolved.train_prompts)} train, {len(resolved.eval_prompts)} eval",

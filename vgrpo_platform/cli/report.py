@@ -32,6 +32,10 @@ TRAINING_PANELS = (  # (title, main key, (band low, band high) or None)
     ("importance ratio (mean, min-max band)", "ratio_mean", ("ratio_min", "ratio_max")),
     ("grad norm (before clipping)", "grad_norm", None),
     ("fraction of groups with zero reward spread (no signal)", "zero_std_fraction", None),
+    # a rollout backend that is not exact (rollout.mismatch_every): what its speed costs
+    ("rollout backend vs exact sampler: relative latent distance", "rollout_mismatch_rel_rmse", None),
+    ("rollout backend vs exact sampler: reward gap (backend - exact)", "rollout_mismatch_reward_gap", None),
+    ("rollout staleness (updates behind the trained weights)", "rollout_staleness", None),
 )
 TIME_KEYS = ("time_rollout", "time_reward", "time_train")
 _NOT_METRICS = {"kind", "iteration", "wall_seconds", "epoch"}
@@ -221,10 +225,15 @@ def plot_rewards(metrics: RunMetrics, path: Path) -> Path:
     return path
 
 
+def training_panels(metrics: RunMetrics) -> list[tuple[str, str, tuple[str, str] | None]]:
+    """The ``TRAINING_PANELS`` this run has data for (a rollout backend's gap only where it was measured)."""
+    return [p for p in TRAINING_PANELS if _series(metrics.train, p[1], "iteration")[0]]
+
+
 def plot_training(metrics: RunMetrics, path: Path) -> Path:
     """Loss, KL, ratio, grad norm per iteration, and where each iteration's seconds went."""
     Figure, Canvas = _matplotlib()
-    panels = [p for p in TRAINING_PANELS if _series(metrics.train, p[1], "iteration")[0]]
+    panels = training_panels(metrics)
     has_time = any(_series(metrics.train, k, "iteration")[0] for k in TIME_KEYS)
     n = len(panels) + int(has_time) or 1
     cols = 2 if n > 1 else 1

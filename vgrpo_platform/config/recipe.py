@@ -253,6 +253,7 @@ class ResolvedRecipe:
     rewards: list[ResolvedReward]
     train_prompts: list[str]
     eval_prompts: list[str]
+    rollout_backend: ResolvedComponent | None = None  # None: the core's own sampler (in_process)
     eval_rewards: list[ResolvedReward] = field(default_factory=list)  # [[eval.rewards]]: scored, not trained
     recipe_dir: Path = field(default_factory=Path.cwd)
     path: Path | None = None  # the recipe file, when loaded from one
@@ -344,6 +345,56 @@ def _check_scoring(recipe: Recipe, prefix: str) -> None:
         )
 
 
+def _resolve_backend(
+    registry: ComponentRegistry, recipe: Recipe, surrogate: ResolvedComponent, source: str | None
+) -> ResolvedComponent | None:
+    """``rollout.backend`` and its options, and whether the surrogate may take its samples: an MDP
+    surrogate's ratio is the sampler's own per-step log-probability, so it needs the exact sampler.
+    None: the core's own exact sampler (``in_process``) in a registry without backend plugins."""
+    prefix = f"{source}: " if source else ""
+    rollout = recipe.rollout
+    if rollout.backend == "in_process" and ("rollout_backend", "in_process") not in registry:
+        if rollout.overlap:  # the core's own sampler, even where no backend plugin is registered
+            raise RecipeError(
+                f"{prefix}rollout.overlap = true needs a backend that generates in the background; "
+                "set rollout.backend = 'worker' or rollout.overlap = false"
+            )
+        return None
+    try:
+        spec = registry.get("rollout_backend", rollout.backend)
+    except PluginError as exc:
+        raise RecipeError(f"{prefix}rollout.backend: {exc}") from None
+    config = registry.validate_options(
+        "rollout_backend",
+        rollout.backend,
+        rollout.backend_options,
+        where="rollout.backend_options",
+        source=source,
+    )
+    exact, overlaps = bool(getattr(config, "exact", False)), bool(getattr(config, "overlaps", False))
+    if rollout.overlap and not overlaps:
+        raise RecipeError(
+            f"{prefix}rollout.overlap = true needs a backend that generates in the background; "
+            f"'{rollout.backend}' does not: set rollout.backend = 'worker' or rollout.overlap = false"
+        )
+    if (not exact or rollout.overlap) and surrogate_needs_exact_rollouts(surrogate):
+        what = (
+            "overlapped rollouts (one update old)" if exact else f"the '{rollout.backend}' backend's samples"
+        )
+        raise RecipeError(
+            f"{prefix}surrogate '{surrogate.spec.name}' takes its ratio from the sampler's own per-step "
+            f"log-probs, so it cannot train on {what}: use rollout.backend = 'in_process' without "
+            "overlap, or a final-sample surrogate (vgrpo, diffusion_nft, awm) that accepts any sampler"
+        )
+    return ResolvedComponent(spec, config)
+
+
+def surrogate_needs_exact_rollouts(surrogate: ResolvedComponent) -> bool:
+    """``needs_exact_rollouts`` of the surrogate the recipe builds (cheap: no model is involved)."""
+    built = surrogate.spec.factory(surrogate.config, None)
+    return bool(getattr(built, "needs_exact_rollouts", False))
+
+
 def validate_components(
     recipe: Recipe,
     registry: ComponentRegistry,
@@ -379,6 +430,7 @@ def validate_components(
                 )
     _check_monitor(recipe, [r.key for r in rewards], [r.key for r in eval_rewards], prefix)
     _check_scoring(recipe, prefix)
+    backend = _resolve_backend(registry, recipe, surrogate, source)
 
     try:
         train, evals = load_prompts(recipe.prompts, recipe_dir)
@@ -394,6 +446,7 @@ def validate_components(
         surrogate=surrogate,
         rewards=rewards,
         train_prompts=train,
+        rollout_backend=backend,
         eval_prompts=evals,
         eval_rewards=eval_rewards,
         recipe_dir=recipe_dir,

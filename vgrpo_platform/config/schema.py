@@ -49,6 +49,18 @@ class RolloutSection(Section):
     prompts_per_iteration: int = Field(4, ge=1)
     sampler: Literal["euler", "dpmsolver++", "unipc"] = "euler"
     steps: int = Field(10, ge=1)
+    # where training rollouts' final latents come from (vgrpo_platform.rollout_backends): "in_process"
+    # (exact), "cached" (a diffusers step cache), "worker" (another process), or a third-party backend
+    backend: str = "in_process"
+    backend_options: dict[str, Any] = Field(default_factory=dict)  # validated by the backend's own Config
+    # generate iteration i+1's rollout while iteration i updates (a backend that overlaps: worker):
+    # every rollout after the first is one update old; the ratio is taken against the weights that made it
+    overlap: bool = False
+    # a backend that is not exact: every N iterations the first mismatch_samples rows are generated again
+    # with the exact in-process sampler from the same noise and weights, and the gap is logged
+    # (rollout_mismatch_*); None = every 10 iterations for such a backend, 0 = never
+    mismatch_every: int | None = Field(None, ge=0)
+    mismatch_samples: int = Field(4, ge=1)
 
 
 class GRPOSection(Section):

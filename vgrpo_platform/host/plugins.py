@@ -22,8 +22,18 @@ from vgrpo_platform.errors import PluginError, RecipeError, VgrpoError
 from vgrpo_platform.registry import KINDS, ComponentSpec, PluginConfig
 
 ENTRY_POINT_GROUP = "vgrpo"
-HOOKS = {"adapter": "register_adapters", "reward": "register_rewards", "surrogate": "register_surrogates"}
-PLURAL = {"adapter": "adapters", "reward": "rewards", "surrogate": "surrogates"}
+HOOKS = {
+    "adapter": "register_adapters",
+    "reward": "register_rewards",
+    "surrogate": "register_surrogates",
+    "rollout_backend": "register_rollout_backends",
+}
+PLURAL = {
+    "adapter": "adapters",
+    "reward": "rewards",
+    "surrogate": "surrogates",
+    "rollout_backend": "rollout backends",
+}
 
 
 class VgrpoPluginManager(pluggy.PluginManager):

@@ -14,15 +14,17 @@ Nothing here imports a model family; single-process runs go through the same cod
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from vgrpo_platform.errors import RecipeError
+
+if TYPE_CHECKING:
+    from vgrpo_platform.network import DenoiserCall
 
 
 @dataclass(frozen=True)
@@ -138,49 +140,28 @@ def reduce_metrics(accelerator: Any, metrics: dict[str, float]) -> dict[str, flo
 
 
 class RoutedDenoiser:
-    """Route calls of an adapter's own ``denoiser`` through the wrapper accelerate built around it.
+    """The wrapper accelerate built around the denoiser (DDP, a DeepSpeed engine), installed in the
+    adapter's ``DenoiserCall``: forwards with gradients go through it, so their gradients are averaged.
 
-    Adapters call ``self.denoiser(...)`` and read ``self.denoiser.config``; replacing the module
-    with a DDP wrapper (or a DeepSpeed engine) would break the second. Instead the module stays in
-    place and its ``forward`` is redirected to the wrapper, whose own call of the module falls
-    through to the original ``forward`` (a per-thread re-entry flag). Parameter names,
-    ``save_pretrained`` and peft's LoRA switches keep working on the unwrapped module. Forwards
-    without gradients (rollouts, evaluation, the old policy's values) go straight to the module:
-    there is nothing to average.
+    The module itself is never replaced nor patched: parameter names, ``config``, ``save_pretrained``
+    and peft's LoRA switches keep working on it, and forwards without gradients (rollouts, evaluation,
+    the old policy's values) reach it directly, as there is nothing to average.
     """
 
-    def __init__(self, module: torch.nn.Module, wrapper: torch.nn.Module) -> None:
-        self.module, self.wrapper = module, wrapper
-        self._original_forward = module.forward
-        self._inside = threading.local()
-
-        def routed_forward(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-            if getattr(self._inside, "active", False) or not torch.is_grad_enabled():
-                return self._original_forward(*args, **kwargs)
-            self._inside.active = True
-            try:
-                return self.wrapper(*args, **kwargs)
-            finally:
-                self._inside.active = False
-
-        module.forward = routed_forward
+    def __init__(self, call: DenoiserCall, wrapper: torch.nn.Module) -> None:
+        self.call, self.wrapper = call, wrapper
+        call.route_gradients(wrapper)
 
     def no_sync(self, accelerator: Any):  # noqa: ANN201 - a context manager
         """Skip the gradient all-reduce (every micro-batch but a step's last one)."""
         return accelerator.no_sync(self.wrapper)
 
-    @contextmanager
-    def bypassed(self) -> Iterator[None]:
+    def bypassed(self) -> AbstractContextManager[None]:
         """Inside, calls reach the module itself: gradients a rank takes for itself, never averaged."""
-        previous = getattr(self._inside, "active", False)
-        self._inside.active = True
-        try:
-            yield
-        finally:
-            self._inside.active = previous
+        return self.call.unrouted()
 
     def restore(self) -> None:
-        self.module.forward = self._original_forward
+        self.call.route_gradients(None)
 
 
 class RoutedEngine(RoutedDenoiser):
@@ -227,13 +208,13 @@ def configure_launch(accelerator: Any, *, grad_clip: float | None, micro_batch_s
 
 
 def prepare_for_data_parallel(
-    accelerator: Any, module: torch.nn.Module, optimizer: torch.optim.Optimizer
+    accelerator: Any, call: DenoiserCall, optimizer: torch.optim.Optimizer
 ) -> tuple[RoutedDenoiser | None, torch.optim.Optimizer]:
-    """Let accelerate make ``module`` data-parallel; returns the routing (DDP, DeepSpeed) and the
-    optimiser to use.
+    """Let accelerate make the denoiser of ``call`` data-parallel; returns the routing (DDP, DeepSpeed)
+    and the optimiser to use.
 
-    DDP wraps the module, so its calls are routed through the wrapper. FSDP2 shards the module in
-    place (its parameters become ``DTensor`` slices that each forward gathers) and needs the
+    DDP wraps the module, so the core's calls with gradients go through the wrapper. FSDP2 shards
+    the module in place (its parameters become ``DTensor`` slices that each forward gathers) and needs the
     optimiser prepared with it; the caller must then re-read the parameters (``sharded_state``).
     DeepSpeed ZeRO-2 (configured by ``configure_launch``) builds an engine from both: the module
     keeps whole weights, gradients and the optimiser state are partitioned, and its calls are
@@ -241,15 +222,16 @@ def prepare_for_data_parallel(
     """
     if accelerator.num_processes == 1:
         return None, optimizer
+    module = call.module
     kind = _distributed_type(accelerator)
     if kind == "DEEPSPEED":
         engine, optimizer = accelerator.prepare(module, optimizer)
-        return RoutedEngine(module, engine), optimizer
+        return RoutedEngine(call, engine), optimizer
     if kind == "FSDP":
         if not getattr(accelerator, "is_fsdp2", False):
             raise RecipeError("FSDP1 is not supported; set fsdp_version: 2 in the accelerate config")
         sharded, optimizer = accelerator.prepare(module, optimizer)
-        if sharded is not module:  # FSDP2 shards in place: the adapter keeps calling its own module
+        if sharded is not module:  # FSDP2 shards in place: the core keeps calling the same module
             raise RecipeError("accelerate replaced the model instead of sharding it in place; use FSDP2")
         return None, optimizer
     wrapper = accelerator.prepare_model(module)
@@ -258,7 +240,7 @@ def prepare_for_data_parallel(
             f"accelerate's distributed type {accelerator.distributed_type} left the model unwrapped; "
             "launch with a DDP or FSDP2 config (see docs/scaling.md)"
         )
-    return RoutedDenoiser(module, wrapper), optimizer
+    return RoutedDenoiser(call, wrapper), optimizer
 
 
 def configure_deepspeed(plugin: Any, grad_clip: float | None, micro_batch_size: int) -> None:

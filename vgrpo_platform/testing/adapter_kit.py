@@ -85,6 +85,7 @@ def check_adapter(
     run("predict", lambda: _predict(a, state), needs=need_io)
     run("predict_deterministic", lambda: _predict_deterministic(a, state, atol), needs=["predict"])
     run("predict_batch_independent", lambda: _predict_batch(a, state, atol), needs=["predict"])
+    run("denoiser_call", lambda: _denoiser_call(a, state, sampler), needs=["predict"])
     run(
         "build_deterministic",
         lambda: _build_deterministic(build, a, state, atol, is_factory),
@@ -257,6 +258,45 @@ def _predict_batch(adapter: Any, state: dict[str, Any], atol: float) -> None:
         torch.cat(rows),
         atol * 10,
         "predict of a batch vs. one sample at a time",
+    )
+
+
+def _denoiser_call(adapter: Any, state: dict[str, Any], sampler: Any) -> None:
+    """The core makes every call of the denoiser (``adapter.network``), so its wrappers (data parallel,
+    caches, rollout engines) reach every forward: count the module's forwards against the core's calls."""
+    from contextlib import contextmanager
+
+    import torch
+
+    from vgrpo_platform.network import DenoiserCall
+
+    call = getattr(adapter, "network", None)
+    assert isinstance(call, DenoiserCall), (
+        "adapter.network is not the core's DenoiserCall: subclass vgrpo_platform.network.CoreCalledAdapter "
+        "and describe the call with denoiser_inputs() instead of calling the denoiser"
+    )
+    assert call.module is adapter.denoiser, "adapter.network calls another module than adapter.denoiser"
+    counts = {"core": 0, "module": 0}
+
+    @contextmanager
+    def counted(module: Any, branch: str) -> Any:
+        counts["core"] += 1
+        yield
+
+    def forward_seen(module: Any, args: Any, kwargs: Any) -> None:
+        counts["module"] += 1
+
+    handle = adapter.denoiser.register_forward_pre_hook(forward_seen, with_kwargs=True)
+    try:
+        with torch.no_grad(), call.hooked(counted):
+            adapter.predict(state["z_t"], state["t"], state["cond"])
+            adapter.sample(state["noise"], state["cond"], sampler)
+    finally:
+        handle.remove()
+    assert counts["module"] > 0, "predict and sample never ran adapter.denoiser"
+    assert counts["module"] == counts["core"], (
+        f"adapter.denoiser ran {counts['module']} forwards in predict + sample, only {counts['core']} of "
+        "them through adapter.network: call the network through the core (network_velocity), never the module"
     )
 
 

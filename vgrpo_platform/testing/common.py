@@ -24,6 +24,7 @@ ADAPTER_CHECKS = (
     "predict",
     "predict_deterministic",
     "predict_batch_independent",
+    "denoiser_call",
     "build_deterministic",
     "sample",
     "sample_deterministic",

@@ -36,12 +36,13 @@ import torch
 
 from vgrpo_platform.algo.grpo import compute_advantages
 from vgrpo_platform.config.recipe import save_resolved
-from vgrpo_platform.errors import RewardError, VgrpoError
+from vgrpo_platform.errors import RecipeError, RewardError, VgrpoError
+from vgrpo_platform.network import denoiser_call_of
 from vgrpo_platform.parallel import data_parallel as dp
 from vgrpo_platform.parallel import sharded_state
 from vgrpo_platform.protocols import BuildContext, RolloutBatch, SamplerSpec
+from vgrpo_platform.rollout_backends.in_process import InProcessBackend
 from vgrpo_platform.training import faults
-from vgrpo_platform.training.chunked import ChunkedPredictions
 from vgrpo_platform.training.ema import served
 from vgrpo_platform.training.evaluation import Protocol, evaluate
 from vgrpo_platform.training.interrupts import StopFlag
@@ -49,7 +50,8 @@ from vgrpo_platform.training.metrics import MetricsWriter, Progress, read_metric
 from vgrpo_platform.training.monitor import Watch
 from vgrpo_platform.training.prompt_sampler import PromptSampler
 from vgrpo_platform.training.reward_workers import GroupFeeder, build_scorer
-from vgrpo_platform.training.rollout import generate_with_extras, surrogate_sampler
+from vgrpo_platform.training.rollout import RolloutPlan, plan_rollout, roll_out, surrogate_sampler
+from vgrpo_platform.training.rollout_source import RolloutSource
 from vgrpo_platform.training.run_state import LoopState, RunState, check_run_dir
 from vgrpo_platform.training.run_summary import summarise
 from vgrpo_platform.training.session import Session, build_session, resolve_device, run_dir_of
@@ -101,6 +103,7 @@ class Trainer:
         self.loop = LoopState.seeded(prompts, recipe.run.seed)
         self.update = PolicyUpdate(self.session, t, self.accelerator, self.loop.shuffle_rng)
         self.optimizer, self.average = self.update.optimizer, self.update.average
+        self.source = self._rollout_source(resolved, context)
         self.state = RunState(self.run_dir, recipe, self.accelerator, self.session, self.update, self.loop)
         self.on_fault = faults.FaultPolicy(t, self.state, self._write)
         self.start_iteration = 0
@@ -126,6 +129,35 @@ class Trainer:
             if resume:  # the evaluations before the checkpoint count for [eval.monitor]'s patience
                 history = [r for r in read_metrics(self.metrics.path) if r.get("kind") == "eval"]
         self.watch = Watch(recipe.eval.monitor, self.accelerator, history)
+
+    def _rollout_source(self, resolved, context: BuildContext) -> RolloutSource:  # noqa: ANN001
+        """``[rollout] backend``: built here, started on the session's adapter and trainable weights."""
+        rollout, ref = self.recipe.rollout, resolved.rollout_backend
+        backend = (
+            InProcessBackend()
+            if ref is None
+            else ref.spec.factory(ref.config, replace(context, extra={"resolved": resolved}))
+        )
+        if (rollout.overlap or not isinstance(backend, InProcessBackend)) and self.shard.world > 1:
+            raise RecipeError(
+                f"rollout.backend = '{rollout.backend}'{' with overlap' if rollout.overlap else ''} runs in "
+                "one training process for now; launch one process, or use rollout.backend = 'in_process'"
+            )
+        if self.session.surrogate.needs_exact_rollouts and (rollout.overlap or not backend.exact):
+            raise RecipeError(
+                f"surrogate '{self.recipe.surrogate.name}' needs the exact in-process sampler; set "
+                "rollout.backend = 'in_process' and rollout.overlap = false"
+            )
+        every = rollout.mismatch_every if rollout.mismatch_every is not None else 10
+        return RolloutSource(
+            backend,
+            self.session.adapter,
+            self.session.trainable,
+            overlap=rollout.overlap,
+            seed=self.recipe.run.seed,
+            mismatch_every=every,
+            mismatch_samples=rollout.mismatch_samples,
+        )
 
     # ----------------------------------------------------------------------------------------- loop
     def run(self) -> Path:
@@ -167,6 +199,7 @@ class Trainer:
                         self._stopped_by_monitor(alarm, iteration, progress)
                         break
         finally:
+            self.source.close()
             self.scorer.close()
             progress.close()
             self.tracking.finish()
@@ -192,12 +225,14 @@ class Trainer:
 
     def _iteration(self, iteration: int, progress: Progress) -> dict:
         """``iterate`` under ``train.on_fault``; logs and returns its record (or the skip's)."""
-        before_iteration = self.loop.snapshot()
+        before_iteration = self.loop.resumable()  # with rollout.overlap: before this rollout's draws
         self.update.begin_iteration()
         try:
             record = self.iterate(iteration)
             self.on_fault.iteration_done()
         except faults.FAULTS as fault:
+            self.source.drop_pending()  # an overlapped next rollout is drawn again
+            self.loop.ahead = None
             record = self.on_fault.iteration_failed(fault, iteration, before_iteration, self._elapsed())
             progress.message(f"skipped iteration {iteration}: {fault}")
         # wall-clock of the method: the optional diagnostics' seconds are left out
@@ -253,7 +288,9 @@ class Trainer:
         recipe, session = self.recipe, self.session
         adapter = session.adapter
         t0 = time.perf_counter()
-        prompts = self.loop.prompts.next(recipe.rollout.prompts_per_iteration)  # the same list on every rank
+        pending = self.source.take_pending()  # rollout.overlap: requested during the last update
+        # the same list on every rank
+        prompts = pending.prompts if pending else self.loop.prompts.next(recipe.rollout.prompts_per_iteration)
         block = self.shard.prompt_block(len(prompts))  # this rank's whole groups
         group_size = recipe.rollout.group_size
         sampler = SamplerSpec(recipe.rollout.sampler, recipe.rollout.steps)
@@ -269,21 +306,26 @@ class Trainer:
             else None
         )
         self.scorer.busy_seconds()  # only this iteration's scoring counts below
+        generating = None  # the weights that generated the batch, when not the current ones
+        rollout_info: dict[str, float] = {}
         try:
-            local_ids, cond, _, latents, samples, rollout_extras = generate_with_extras(
+            plan = pending.plan if pending else self._plan(prompts, block, first_row)
+            chunk = recipe.train.micro_batch_size
+            sample_chunk, rollout_info, generating = self.source.sampler_for(
+                plan, sampler, iteration, chunk, pending
+            )
+            latents, samples, rollout_extras = roll_out(
                 adapter,
-                prompts[block],
-                group_size=group_size,
+                plan,
                 sampler=sampler,
                 generator=self.loop.rollout_rng,
-                chunk_size=recipe.train.micro_batch_size,
-                device=self.device,
+                chunk_size=chunk,
                 rollout_fn=surrogate_sampler(session.surrogate, self.accelerator.autocast),
-                noise_window=(first_row, len(prompts) * group_size),
-                noise_scope=session.surrogate.initial_noise,  # DanceGRPO: one noise per group
+                sample_chunk=sample_chunk,
                 on_chunk=feeder,
             )
-            group_ids = local_ids + block.start  # ids in the global batch
+            cond = plan.cond
+            group_ids = plan.group_ids + block.start  # ids in the global batch
             t1 = time.perf_counter()
             if feeder is not None:
                 local_terms, local_details = self.scorer.collect(feeder.finish())
@@ -313,6 +355,16 @@ class Trainer:
         )
         t2 = time.perf_counter()
         mine = slice(first_row, first_row + len(group_ids))
+        if self.source.due(iteration):  # a lossy backend's gap to the exact sampler, measured
+            rollout_info.update(self._mismatch(plan, latents, sampler, generating, total_reward[mine]))
+        if self.source.overlap and iteration < recipe.train.iterations:
+            self.loop.draws_ahead()  # a checkpoint of this iteration leaves the next one's draws undone
+            upcoming = self.loop.prompts.next(recipe.rollout.prompts_per_iteration)
+            self.source.prefetch(
+                upcoming, self._plan(upcoming, block, first_row), sampler, iteration + 1, chunk
+            )
+        else:
+            self.loop.ahead = None
         batch = RolloutBatch(
             prompts=flat_prompts,
             group_ids=group_ids.to(self.device),
@@ -324,27 +376,66 @@ class Trainer:
             extras=rollout_extras,
             rows=dp.RowsOf(all_ids.to(self.device), first_row) if self.shard.world > 1 else None,
         )
-        with self.accelerator.autocast():  # the old policy's forwards, at most a micro-batch at a time
-            chunked = ChunkedPredictions(adapter, recipe.train.micro_batch_size)
-            session.surrogate.prepare(batch, chunked, self.loop.surrogate_rng)
+        session.surrogate.samples_on_policy = generating is None
+        with (  # the old policy's forwards (the weights that generated the batch), a micro-batch at a time
+            self.accelerator.autocast(),
+            denoiser_call_of(adapter).rows_at_most(recipe.train.micro_batch_size),
+            self.source.generating_policy(generating),
+        ):
+            session.surrogate.prepare(batch, adapter, self.loop.surrogate_rng)
         t_diag = time.perf_counter()
         diagnostics = self.diagnose(batch, iteration)
         t_diag = time.perf_counter() - t_diag  # reported apart: not part of the method's training cost
         update = self.update(batch, iteration)
+        self.source.updated()
         t3 = time.perf_counter()
         record: dict[str, Any] = {"kind": "train", "iteration": iteration, "epoch": self.loop.prompts.epoch}
         record.update(reward_metrics(total_reward, terms, details, advantages, all_ids))
         record.update(update)
         record.update(diagnostics)
+        record.update(rollout_info)
         record["lr"] = self.optimizer.param_groups[0]["lr"]
-        self.diagnostics_seconds += t_diag
-        time_train = t3 - t2 - t_diag
+        t_mismatch = rollout_info.get("time_mismatch", 0.0)  # a measurement, not the method's cost
+        self.diagnostics_seconds += t_diag + t_mismatch
+        time_train = t3 - t2 - t_diag - t_mismatch
         # time_reward: what scoring added to the iteration (the wait after the rollout); time_scoring:
         # the rewards' own seconds, which [scoring] overlap hides behind the rollout
         record.update(time_rollout=t1 - t0, time_reward=t2 - t1, time_train=time_train)
         record["time_scoring"] = self.scorer.busy_seconds()
         record["time_iteration"] = t3 - t0
         return record
+
+    def _plan(self, prompts: list[str], block: slice, first_row: int) -> RolloutPlan:
+        """This rank's rollout inputs for the iteration's ``prompts``: conditioning and initial noise."""
+        group_size = self.recipe.rollout.group_size
+        return plan_rollout(
+            self.session.adapter,
+            prompts[block],
+            group_size=group_size,
+            generator=self.loop.rollout_rng,
+            device=self.device,
+            noise_window=(first_row, len(prompts) * group_size),
+            noise_scope=self.session.surrogate.initial_noise,  # DanceGRPO: one noise per group
+        )
+
+    def _mismatch(
+        self,
+        plan: RolloutPlan,
+        latents: torch.Tensor,
+        sampler: SamplerSpec,
+        generating: dict[str, torch.Tensor] | None,
+        rewards: torch.Tensor,
+    ) -> dict[str, float]:
+        """``rollout_mismatch_*``: the exact sampler on a few rows, scored like the batch."""
+        weights = {r.key: r.weight for r in self.session.rewards}
+
+        def score(exact: torch.Tensor, rows: slice) -> torch.Tensor:
+            samples = self.session.adapter.decode(exact)
+            terms, _ = self.scorer.score(samples, plan.prompts[rows], step=None)
+            return sum(weights[k] * v.float() for k, v in terms.items())  # type: ignore[return-value]
+
+        with self.accelerator.autocast():
+            return self.source.mismatch(plan, latents, sampler, generating, score, rewards)
 
     def diagnose(self, batch: RolloutBatch, iteration: int) -> dict[str, float]:
         """The surrogate diagnostics every ``log.diagnostics_every`` iterations, before the update.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -47,7 +48,82 @@ RolloutFn = Callable[
 """A surrogate's own sampler (``SurrogateBase.rollout``): ``(latents [B, *L], extras {key: [B, ...]})``."""
 
 
+ChunkSampler = Callable[[torch.Tensor, Conditioning, slice], torch.Tensor]
+"""How a chunk's clean latents are made: ``(noise [b, *L], cond [b, ...], rows of the batch) -> [b, *L]``
+(a rollout backend; ``adapter.sample`` by default)."""
+
+
+@dataclass
+class RolloutPlan:
+    """What a rollout starts from, drawn before any sample exists: ``group_ids [B]``, ``cond [B, ...]`` and
+    ``noise [B, *L]`` (a rollout backend may generate it in another process, or ahead of time)."""
+
+    prompts: list[str]  # one per row, groups contiguous
+    group_ids: torch.Tensor
+    cond: Conditioning
+    noise: torch.Tensor
+
+
 @torch.no_grad()
+def plan_rollout(
+    adapter: Adapter,
+    prompts: Sequence[str],
+    *,
+    group_size: int,
+    generator: torch.Generator,
+    device: torch.device | str,
+    noise_window: tuple[int, int] | None = None,
+    noise_scope: NoiseScope = "sample",
+) -> RolloutPlan:
+    """Encode the prompts and draw the initial noise (see ``generate_with_extras``)."""
+    group_ids = torch.arange(len(prompts)).repeat_interleave(group_size)  # [B]
+    cond = repeat_conditioning(adapter.encode_prompts(list(prompts)), group_ids)
+    start, total = noise_window if noise_window is not None else (0, len(group_ids))
+    noise = torch.randn((total, *adapter.latent_shape()), generator=generator)  # [N, *L]
+    if noise_scope == "group":  # the window starts on a group boundary (whole groups per rank)
+        noise = share_within_groups(noise, group_size)
+    elif noise_scope != "sample":
+        raise ValueError(f"unknown noise_scope {noise_scope!r}; expected 'sample' or 'group'")
+    noise = noise[start : start + len(group_ids)]  # [B, *L]
+    if len(noise) < len(group_ids):  # padding rows past the window (lockstep_rows): any noise will do
+        noise = torch.cat([noise, noise.new_zeros((len(group_ids) - len(noise), *noise.shape[1:]))])
+    flat = [p for p in prompts for _ in range(group_size)]
+    return RolloutPlan(flat, group_ids, cond, noise.to(device))
+
+
+@torch.no_grad()
+def roll_out(
+    adapter: Adapter,
+    plan: RolloutPlan,
+    *,
+    sampler: SamplerSpec,
+    generator: torch.Generator,
+    chunk_size: int,
+    rollout_fn: RolloutFn | None = None,
+    sample_chunk: ChunkSampler | None = None,
+    on_chunk: Callable[[Samples], None] | None = None,
+) -> tuple[torch.Tensor, Samples, dict[str, torch.Tensor]]:
+    """The plan's clean latents ``[B, *L]``, decoded samples and extras, chunk by chunk."""
+    noise, cond = plan.noise, plan.cond
+    latents, decoded, extras = [], [], []
+    for start in range(0, len(plan.group_ids), chunk_size):
+        part = slice(start, start + chunk_size)
+        cond_part = {k: v[part] for k, v in cond.items()}
+        if rollout_fn is not None:
+            x0, chunk_extras = rollout_fn(adapter, noise[part], cond_part, sampler, generator)
+            extras.append(chunk_extras)
+        elif sample_chunk is not None:
+            x0 = sample_chunk(noise[part], cond_part, part)
+        else:
+            x0 = adapter.sample(noise[part], cond_part, sampler)
+        latents.append(x0)
+        decoded.append(adapter.decode(x0))
+        if on_chunk is not None:
+            on_chunk(decoded[-1])
+    merged = {k: torch.cat([e[k] for e in extras]) for k in extras[0]} if extras else {}
+    return torch.cat(latents), concat_samples(decoded), merged
+
+
 def generate_with_extras(
     adapter: Adapter,
     prompts: Sequence[str],
@@ -79,33 +155,25 @@ def generate_with_extras(
     ``on_chunk`` receives each decoded chunk as soon as it exists (``[scoring] overlap`` scores it
     while the next chunk is generated).
     """
-    group_ids = torch.arange(len(prompts)).repeat_interleave(group_size)  # [B]
-    cond = repeat_conditioning(adapter.encode_prompts(list(prompts)), group_ids)
-    start, total = noise_window if noise_window is not None else (0, len(group_ids))
-    noise = torch.randn((total, *adapter.latent_shape()), generator=generator)  # [N, *L]
-    if noise_scope == "group":  # the window starts on a group boundary (whole groups per rank)
-        noise = share_within_groups(noise, group_size)
-    elif noise_scope != "sample":
-        raise ValueError(f"unknown noise_scope {noise_scope!r}; expected 'sample' or 'group'")
-    noise = noise[start : start + len(group_ids)]  # [B, *L]
-    if len(noise) < len(group_ids):  # padding rows past the window (lockstep_rows): any noise will do
-        noise = torch.cat([noise, noise.new_zeros((len(group_ids) - len(noise), *noise.shape[1:]))])
-    noise = noise.to(device)
-    latents, decoded, extras = [], [], []
-    for start in range(0, len(group_ids), chunk_size):
-        part = slice(start, start + chunk_size)
-        cond_part = {k: v[part] for k, v in cond.items()}
-        if rollout_fn is None:
-            x0 = adapter.sample(noise[part], cond_part, sampler)
-        else:
-            x0, chunk_extras = rollout_fn(adapter, noise[part], cond_part, sampler, generator)
-            extras.append(chunk_extras)
-        latents.append(x0)
-        decoded.append(adapter.decode(x0))
-        if on_chunk is not None:
-            on_chunk(decoded[-1])
-    merged = {k: torch.cat([e[k] for e in extras]) for k in extras[0]} if extras else {}
-    return group_ids, cond, noise, torch.cat(latents), concat_samples(decoded), merged
+    plan = plan_rollout(
+        adapter,
+        prompts,
+        group_size=group_size,
+        generator=generator,
+        device=device,
+        noise_window=noise_window,
+        noise_scope=noise_scope,
+    )
+    latents, samples, extras = roll_out(
+        adapter,
+        plan,
+        sampler=sampler,
+        generator=generator,
+        chunk_size=chunk_size,
+        rollout_fn=rollout_fn,
+        on_chunk=on_chunk,
+    )
+    return plan.group_ids, plan.cond, plan.noise, latents, samples, extras
 
 
 def surrogate_sampler(

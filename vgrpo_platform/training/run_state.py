@@ -36,12 +36,16 @@ class LoopState:
     rollout_rng: torch.Generator
     surrogate_rng: torch.Generator
     shuffle_rng: torch.Generator
+    ahead: dict[str, Any] | None = None
+    """``rollout.overlap``: the rollout generator's and the prompt sampler's states from before the draws
+    of the earliest unfinished iteration's rollout, made one iteration early (``draws_ahead``); a
+    checkpoint stores them, so ``--resume`` draws that rollout again."""
 
     @classmethod
     def seeded(cls, prompts: PromptSampler, seed: int) -> LoopState:
         """Three streams off one seed, so a change in one never shifts another's draws."""
-        streams = (torch.Generator().manual_seed(seed + k) for k in range(3))
-        return cls(prompts, *streams)
+        rollout, surrogate, shuffle = (torch.Generator().manual_seed(seed + k) for k in range(3))
+        return cls(prompts, rollout, surrogate, shuffle)
 
     def rng_state(self) -> dict[str, torch.Tensor]:
         """Every RNG state the loop draws from (what a checkpoint stores under ``rng``)."""
@@ -65,6 +69,18 @@ class LoopState:
     def restore(self, snapshot: dict[str, Any]) -> None:
         self.set_rng_state(snapshot["rng"])
         self.prompts.load_state_dict(snapshot["prompts"])
+
+    def draws_ahead(self) -> None:
+        """Mark the rollout draws that follow as the next iteration's (``rollout.overlap``)."""
+        self.ahead = {"rollout": self.rollout_rng.get_state(), "prompts": self.prompts.state_dict()}
+
+    def resumable(self) -> dict[str, Any]:
+        """The snapshot a checkpoint stores: the rollout's draws made ahead for a later iteration undone."""
+        snapshot = self.snapshot()
+        if self.ahead is not None:
+            snapshot["rng"]["rollout"] = self.ahead["rollout"]
+            snapshot["prompts"] = self.ahead["prompts"]
+        return snapshot
 
 
 @dataclass(frozen=True)
@@ -96,6 +112,7 @@ class RunState:
         weights = sharded_state.full_weights(self.session.trainable)
         optimizer = sharded_state.gather_optimizer(update.optimizer, update.params)
         averaged = average.full_state() if average is not None else None
+        loop = self.loop.resumable()
         path = None
         if self.accelerator.is_main_process:
             path = save_checkpoint(
@@ -103,10 +120,10 @@ class RunState:
                 iteration,
                 weights=weights,
                 optimizer={"optimizer": optimizer, "lr_schedule": update.lr_schedule.state_dict()},
-                rng=self.loop.rng_state(),
+                rng=loop["rng"],
                 state={
                     "fingerprint": fingerprint(self.recipe),
-                    "prompt_sampler": self.loop.prompts.state_dict(),
+                    "prompt_sampler": loop["prompts"],
                     "elapsed_seconds": elapsed,
                     **({"eval_pending": eval_pending} if eval_pending is not None else {}),
                 },

@@ -17,6 +17,7 @@ import torch
 from vgrpo_platform import finetune
 from vgrpo_platform.config.schema import Recipe, TrainSection
 from vgrpo_platform.errors import PluginError
+from vgrpo_platform.network import denoiser_call_of
 from vgrpo_platform.protocols import Adapter, BuildContext, Samples, SurrogateBase
 from vgrpo_platform.training import offload
 from vgrpo_platform.training.scoring import WeightedReward
@@ -75,6 +76,7 @@ def build_session(
 
     ``rewards_here = False``: the rewards live in a worker process; the session holds stand-ins."""
     adapter = resolved.adapter.spec.factory(resolved.adapter.config, context)
+    denoiser_call_of(adapter)  # the core makes every call of the denoiser: a one-line error if it can't
     trainable = make_trainable(adapter, resolved.recipe.train)
     offload_rewards = resolved.recipe.train.offload_rewards
 

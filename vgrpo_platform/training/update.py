@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from vgrpo_platform import finetune
+from vgrpo_platform.network import denoiser_call_of
 from vgrpo_platform.parallel import data_parallel as dp
 from vgrpo_platform.protocols import RolloutBatch
 from vgrpo_platform.training.ema import WeightAverage
@@ -44,7 +45,8 @@ class PolicyUpdate:
         self.shuffle_rng = shuffle_rng
         denoiser = session.adapter.denoiser
         optimizer = build_optimizer(session.trainable.values(), train)
-        self.routed, self.optimizer = dp.prepare_for_data_parallel(accelerator, denoiser, optimizer)
+        call = denoiser_call_of(session.adapter)  # the core's one call of the denoiser, where DDP goes
+        self.routed, self.optimizer = dp.prepare_for_data_parallel(accelerator, call, optimizer)
         # FSDP2 swapped the parameters for sharded ones under the same names
         session.trainable = finetune.trainable_named_parameters(denoiser)
         self.params = list(session.trainable.values())

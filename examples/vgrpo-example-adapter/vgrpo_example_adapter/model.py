@@ -1,20 +1,22 @@
 """The ``signal_flow`` adapter: a rectified-flow MLP over 1-D signals ``[1, T]`` in ``[-1, 1]``.
 
 Everything the core needs from a model family, in one small file: a frozen prompt encoder, the
-trained velocity network (``denoiser``), the noise schedule and the ODE sampler (both reused from
-vgrpo), and ``decode`` into the adapter's own modality, ``"signal"``.
+trained velocity network (``denoiser``) and how to call it (``denoiser_inputs``: the core makes the
+call, and gives ``predict`` and ``sample``), the noise schedule (reused from vgrpo), and ``decode``
+into the adapter's own modality, ``"signal"``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
-from vgrpo_platform.protocols import BuildContext, Conditioning, SamplerSpec, Samples
-from vgrpo_platform.sampling import solve_flow_ode
+from vgrpo_platform.network import CoreCalledAdapter
+from vgrpo_platform.protocols import BuildContext, Conditioning, Samples
 from vgrpo_platform.schedules import RectifiedFlowSchedule
 
 PROMPT_DIM = 32  # width of the prompt embedding
@@ -63,7 +65,7 @@ class VelocityMLP(nn.Module):
         return prior + self.out(h).reshape(z_t.shape)  # [B, 1, T]
 
 
-class SignalFlowAdapter:
+class SignalFlowAdapter(CoreCalledAdapter):
     """``protocols.Adapter`` for 1-D signals: latents are the signals themselves, ``[B, 1, T]``."""
 
     modality = "signal"
@@ -93,14 +95,11 @@ class SignalFlowAdapter:
     def encode_prompts(self, prompts: Sequence[str]) -> Conditioning:
         return {"prompt": self.prompt_encoder(list(prompts))}  # [B, D], batch-first like every entry
 
-    def predict(self, z_t: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
-        """Velocity ``v ~ eps - x0`` at ``z_t`` ``[B, 1, T]``, ``t`` ``[B]``; differentiable."""
-        return self.denoiser(z_t, t.to(z_t).expand(z_t.shape[0]), cond["prompt"].to(z_t))
-
-    @torch.no_grad()
-    def sample(self, noise: torch.Tensor, cond: Conditioning, sampler: SamplerSpec) -> torch.Tensor:
-        velocity = lambda z, t: self.predict(z, t, cond)  # noqa: E731
-        return solve_flow_ode(velocity, noise, sampler, shift=self.schedule.shift)  # [B, 1, T]
+    def denoiser_inputs(self, z_t: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> dict[str, Any]:
+        """The velocity network's inputs at ``z_t`` ``[B, 1, T]``, ``t`` ``[B]``: the core makes the call and
+        gives ``predict`` (differentiable) and ``sample`` (any ODE solver), so every wrapper (data
+        parallel, caches, a rollout engine) reaches this model without code here."""
+        return {"z_t": z_t, "t": t.to(z_t), "cond": cond["prompt"].to(z_t)}
 
     def decode(self, latents: torch.Tensor) -> Samples:
         """The signals, clamped to ``[-1, 1]`` ``[B, 1, T]``."""

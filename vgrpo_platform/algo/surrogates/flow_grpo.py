@@ -93,6 +93,7 @@ class FlowGRPOSurrogate(SurrogateBase):
     """The ``flow_grpo`` surrogate; see ``FlowGRPOConfig``."""
 
     owns_rollout = True  # its SDE rollout records the per-step log-probs the loss needs
+    needs_exact_rollouts = True  # ... so its samples are its own sampler's, never another engine's
 
     def __init__(self, config: FlowGRPOConfig | None = None) -> None:
         self.config = config if config is not None else FlowGRPOConfig()

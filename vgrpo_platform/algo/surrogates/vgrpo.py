@@ -97,8 +97,9 @@ class VGRPOSurrogate(SurrogateBase):
 
     @property
     def old_from_loss(self) -> bool:
-        """With one step per batch (``plan_updates(1)``) the loss's own forward is the old policy's."""
-        return self.gradient_steps == 1
+        """With one step per batch (``plan_updates(1)``) the loss's own forward is the old policy's,
+        unless the samples came from older weights (``samples_on_policy``)."""
+        return self.gradient_steps == 1 and self.samples_on_policy
 
     def _pair_losses(self, x_hat: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
         """``[B, K]`` per-pair losses from ``x_hat`` ``[B, K, *L]`` and ``x0`` ``[B, *L]``."""
