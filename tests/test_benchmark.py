@@ -221,3 +221,26 @@ def test_nfe_per_iteration_counts_the_forwards_a_real_iteration_makes(tmp_path, 
     adapter.predict = counting
     trainer.iterate(1)
     assert counted[0] == nfe.nfe_per_iteration(resolved, 1)
+
+
+def test_the_rollout_backends_benchmark_runs_at_toy_size_and_resumes_its_cells(tmp_path, capsys, monkeypatch):
+    """benchmarks/rollout_backends.py: every arm and the one-core pair run once, the table has a row per
+    arm with ratios to in_process, and a second invocation reuses every cell (runs nothing)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    bench = _load("rollout_backends")
+    args = ["--world", "toy", "--iterations", "2", "--seeds", "0", "1", "--one-core-iterations", "2"]
+    args += ["--out", str(tmp_path / "out"), "--work", str(tmp_path / "runs")]
+    assert bench.main(args) == 0
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert list(summary["arms"]) == list(bench.ARMS)
+    for arm in ("cached", "worker+overlap"):
+        entry = summary["arms"][arm]
+        assert entry["seeds"] == [0, 1] and entry["time_iteration_ratio"]["mean"] > 0
+        assert "after_diff" in entry
+    assert list(summary["one_core_each"]["arms"]) == list(bench.ONE_CORE_EACH)
+    table = capsys.readouterr().out
+    assert all(f"| {arm} |" in table for arm in [*bench.ARMS, *bench.ONE_CORE_EACH])
+    cells = _files(tmp_path / "out" / "cells")
+    assert len(cells) == 2 * len(bench.ARMS) + len(bench.ONE_CORE_EACH)
+    assert bench.main(args) == 0
+    assert _files(tmp_path / "out" / "cells") == cells  # nothing ran again

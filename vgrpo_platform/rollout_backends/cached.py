@@ -53,12 +53,25 @@ def cache_config(cache: str, options: dict[str, Any]) -> Any:
             f"rollout.backend_options.cache = {cache!r} is unknown; use one of {', '.join(CACHES)}"
         )
     cls = getattr(diffusers.hooks, CACHES[cache][0])
+    options = {k: _dtype(v) if k.endswith("dtype") else v for k, v in options.items()}
     try:
         return cls(**options)
     except TypeError as exc:
         raise RecipeError(
             f"rollout.backend_options.options: {exc}; see diffusers' {cls.__name__} for its fields"
         ) from None
+
+
+def _dtype(value: Any) -> Any:
+    """A dtype named in a recipe (``"float32"``, ``"bfloat16"``) as torch's; anything else as given."""
+    if isinstance(value, str):
+        found = getattr(torch, value.removeprefix("torch."), None)
+        if not isinstance(found, torch.dtype):
+            raise RecipeError(
+                f"rollout.backend_options.options: {value!r} is not a torch dtype; use e.g. 'float32'"
+            )
+        return found
+    return value
 
 
 @contextmanager
