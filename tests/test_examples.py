@@ -22,6 +22,10 @@ EXAMPLES = {
         "components": [("adapter", "signal_flow"), ("reward", "signal_flow_tone")],
         "doc": "writing-an-adapter.md",
     },
+    "vgrpo-example-engine": {
+        "components": [("rollout_backend", "http_engine")],
+        "doc": "rollout-backends.md",
+    },
 }
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "COLUMNS": "250", "PYTHONPATH": ""}
 
@@ -101,6 +105,54 @@ def test_example_recipe_trains_and_improves_the_reward(env, example):
     evals = [r["reward"] for r in records if r["kind"] == "eval"]
     assert len(evals) == 2 and evals[-1] > evals[0], evals
     assert [r["iteration"] for r in records if r["kind"] == "train"] == list(range(1, len(records) - 1))
+
+
+def test_the_engine_example_trains_on_rollouts_from_its_fake_engine(env):
+    """The engine in its own process, the trainer in another: rollouts over HTTP, one update ahead."""
+    import socket
+    import time
+    import urllib.request
+
+    python, root = env
+    folder = root / "vgrpo-example-engine"
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    engine = subprocess.Popen(
+        [str(python), "-m", "vgrpo_example_engine.fake_engine", "recipe.toml", "--port", str(port)],
+        cwd=folder,
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(120):  # the engine builds its model first
+            try:
+                urllib.request.urlopen(f"{url}/health", timeout=1).read()
+                break
+            except OSError:
+                time.sleep(0.5)
+        out = root / "runs-engine"
+        settings = [f"run.output_dir={out}", f"rollout.backend_options.url={url}", "train.iterations=12"]
+        run(
+            python,
+            "-m",
+            "vgrpo_platform",
+            "run",
+            "recipe.toml",
+            *[x for s in settings for x in ("--set", s)],
+            cwd=folder,
+        )
+    finally:
+        engine.terminate()
+        engine.wait(timeout=30)
+    (metrics,) = out.glob("*/metrics.jsonl")
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    assert [r["rollout_staleness"] for r in train] == [0.0] + [1.0] * 11
+    evals = [r["reward"] for r in records if r["kind"] == "eval"]
+    assert len(evals) == 2 and evals[-1] > evals[0], evals
 
 
 def code_blocks(markdown: str) -> list[tuple[str, str]]:

@@ -25,8 +25,9 @@ class InProcessConfig(PluginConfig):
 
 class CachedConfig(PluginConfig):
     """A diffusers step cache over each rollout chunk (``cache``), configured by ``options``: the fields
-    of diffusers' ``TaylorSeerCacheConfig`` / ``FirstBlockCacheConfig`` / ``MagCacheConfig``; a dtype
-    field takes a name such as ``"float32"`` (TaylorSeer's factors default to the denoiser's dtype)."""
+    of diffusers' ``TaylorSeerCacheConfig`` / ``FirstBlockCacheConfig`` / ``MagCacheConfig``, over
+    vgrpo's defaults (TaylorSeer: ``cache_interval = 2``, ``disable_cache_before_step = 3``); a dtype
+    field takes a name such as ``"float32"``."""
 
     exact: ClassVar[bool] = False
     overlaps: ClassVar[bool] = False

@@ -308,9 +308,9 @@ class Trainer:
         self.scorer.busy_seconds()  # only this iteration's scoring counts below
         generating = None  # the weights that generated the batch, when not the current ones
         rollout_info: dict[str, float] = {}
+        chunk = recipe.train.micro_batch_size
         try:
             plan = pending.plan if pending else self._plan(prompts, block, first_row)
-            chunk = recipe.train.micro_batch_size
             sample_chunk, rollout_info, generating = self.source.sampler_for(
                 plan, sampler, iteration, chunk, pending
             )

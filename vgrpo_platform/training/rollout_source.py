@@ -128,7 +128,7 @@ class RolloutSource:
         """``(per-chunk sampler or None for the adapter's own, metrics, weights that made the batch or
         None for the current ones)``; waits for a background rollout here."""
         if pending is not None:
-            result = pending.future.result()
+            result = _noise_used(plan, pending.future.result())
             staleness = self.version - result.weights_version
             metrics = {"rollout_staleness": float(staleness), "rollout_engine_seconds": result.seconds}
             return _rows_of(result.latents), metrics, (pending.weights if staleness else None)
@@ -138,7 +138,7 @@ class RolloutSource:
             backend = self.backend
             return (lambda noise, cond, rows: backend.sample_chunk(noise, cond, sampler)), {}, None  # type: ignore[attr-defined]
         self.backend.push_weights(self.trainable, self.version)
-        result = self.backend.generate(self._request(plan, sampler, iteration, chunk))
+        result = _noise_used(plan, self.backend.generate(self._request(plan, sampler, iteration, chunk)))
         metrics = {
             "rollout_staleness": float(self.version - result.weights_version),
             "rollout_engine_seconds": result.seconds,
@@ -190,6 +190,14 @@ class RolloutSource:
     def close(self) -> None:
         self.drop_pending()
         self.backend.close()
+
+
+def _noise_used(plan: RolloutPlan, result: RolloutResult) -> RolloutResult:
+    """An engine that drew its own noise (from the seeds) returns it: the plan takes it, so the exact
+    sampler's check regenerates from the noise the batch really came from."""
+    if result.noise is not None:
+        plan.noise = result.noise.to(plan.noise.device, plan.noise.dtype)
+    return result
 
 
 def _rows_of(latents: torch.Tensor) -> ChunkSampler:
