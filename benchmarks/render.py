@@ -172,14 +172,14 @@ def markdown(summary: dict[str, Any], source: str, curves: str | None = None) ->
     return "\n".join(lines) + "\n"
 
 
-def write_doc(doc: Path, block: str) -> None:
-    """Replace the generated block of ``doc`` (between ``DOC_BEGIN`` and ``DOC_END``) with ``block``."""
+def write_doc(doc: Path, block: str, begin: str = DOC_BEGIN, end: str = DOC_END) -> None:
+    """Replace the generated block of ``doc`` (between the lines ``begin`` and ``end``) with ``block``."""
     text = doc.read_text()
-    if DOC_BEGIN not in text or DOC_END not in text:
-        raise SystemExit(f"{doc} has no generated block: add the lines\n{DOC_BEGIN}\n{DOC_END}")
-    head, rest = text.split(DOC_BEGIN, 1)
-    _, tail = rest.split(DOC_END, 1)
-    doc.write_text(f"{head}{DOC_BEGIN}\n{block}{DOC_END}{tail}")
+    if begin not in text or end not in text:
+        raise SystemExit(f"{doc} has no generated block: add the lines\n{begin}\n{end}")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    doc.write_text(f"{head}{begin}\n{block}{end}{tail}")
 
 
 def plot_curves(summary: dict[str, Any], path: Path) -> None:

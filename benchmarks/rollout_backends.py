@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # sibling modules, as compare.py imports them
+import render  # noqa: E402
 from aggregate import t_interval  # noqa: E402
 from verdicts import welch_interval  # noqa: E402
 
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = run_matrix(args)
     print(markdown(summary))
     if args.write_doc is not None:
-        write_doc(args.write_doc, markdown(summary))
+        render.write_doc(args.write_doc, markdown(summary), DOC_BEGIN, DOC_END)
     return 0
 
 
@@ -387,15 +388,6 @@ def markdown(summary: dict[str, Any]) -> str:
     if "command" in summary:
         lines += ["", f"Command: `{summary['command']}`"]
     return "\n".join(lines) + "\n"
-
-
-def write_doc(doc: Path, block: str) -> None:
-    text = doc.read_text()
-    if DOC_BEGIN not in text or DOC_END not in text:
-        raise SystemExit(f"{doc} has no generated block: add the lines\n{DOC_BEGIN}\n{DOC_END}")
-    head, rest = text.split(DOC_BEGIN, 1)
-    _, tail = rest.split(DOC_END, 1)
-    doc.write_text(f"{head}{DOC_BEGIN}\n{block}{DOC_END}{tail}")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,19 @@ EXAMPLES = {
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "COLUMNS": "250", "PYTHONPATH": ""}
 
 
+def train(python: Path, folder: Path, *settings: str) -> None:
+    """``vgrpo run recipe.toml`` in ``folder`` with ``--set`` for each of ``settings``."""
+    run(
+        python,
+        "-m",
+        "vgrpo_platform",
+        "run",
+        "recipe.toml",
+        *[x for s in settings for x in ("--set", s)],
+        cwd=folder,
+    )
+
+
 def run(python: Path, *args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
         [str(python), *args], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout
@@ -90,16 +103,7 @@ def test_example_recipe_trains_and_improves_the_reward(env, example):
     python, root = env
     out = root / f"runs-{example}"
     run(python, "-m", "vgrpo_platform", "check", "recipe.toml", cwd=root / example)
-    run(
-        python,
-        "-m",
-        "vgrpo_platform",
-        "run",
-        "recipe.toml",
-        "--set",
-        f"run.output_dir={out}",
-        cwd=root / example,
-    )
+    train(python, root / example, f"run.output_dir={out}")
     (metrics,) = out.glob("*/metrics.jsonl")
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     evals = [r["reward"] for r in records if r["kind"] == "eval"]
@@ -134,23 +138,20 @@ def test_the_engine_example_trains_on_rollouts_from_its_fake_engine(env):
             except OSError:
                 time.sleep(0.5)
         out = root / "runs-engine"
-        settings = [f"run.output_dir={out}", f"rollout.backend_options.url={url}", "train.iterations=12"]
-        run(
+        train(
             python,
-            "-m",
-            "vgrpo_platform",
-            "run",
-            "recipe.toml",
-            *[x for s in settings for x in ("--set", s)],
-            cwd=folder,
+            folder,
+            f"run.output_dir={out}",
+            f"rollout.backend_options.url={url}",
+            "train.iterations=12",
         )
     finally:
         engine.terminate()
         engine.wait(timeout=30)
     (metrics,) = out.glob("*/metrics.jsonl")
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
-    train = [r for r in records if r["kind"] == "train"]
-    assert [r["rollout_staleness"] for r in train] == [0.0] + [1.0] * 11
+    iterations = [r for r in records if r["kind"] == "train"]
+    assert [r["rollout_staleness"] for r in iterations] == [0.0] + [1.0] * 11
     evals = [r["reward"] for r in records if r["kind"] == "eval"]
     assert len(evals) == 2 and evals[-1] > evals[0], evals
 
