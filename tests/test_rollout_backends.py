@@ -209,3 +209,54 @@ def test_no_adapter_calls_its_denoiser_and_nothing_patches_or_proxies_it():
         str(p.relative_to(ROOT)) for p in core if re.search(r"\.forward\s*=|def __getattr__", p.read_text())
     ]
     assert not patches
+
+
+# ------------------------------------------------------------------------------ cached, on diffusers models
+def test_first_block_cache_on_flux_changes_only_the_cached_rollout(tmp_path):
+    """FirstBlockCache (its blocks return both streams) with a threshold that always reuses the cache after
+    the first step: the rollout changes, the hooks leave with it, the exact sampler is untouched."""
+    from adapter_checks import adapter_from_config
+    from tiny_pipelines import RESOLUTION, build_tiny_flux
+    from vgrpo_adapters.flux import FluxAdapterConfig
+    from vgrpo_adapters.flux.impl import FluxAdapter
+
+    from vgrpo_platform.rollout_backends.cached import CachedBackend
+
+    model = build_tiny_flux(tmp_path / "flux")
+    adapter = adapter_from_config(FluxAdapter, FluxAdapterConfig(model=str(model), resolution=RESOLUTION))
+    cond = adapter.encode_prompts(["a red cat", "a blue dog"])
+    noise = torch.randn((2, *adapter.latent_shape()), generator=torch.Generator().manual_seed(0))
+    sampler = SamplerSpec("euler", 6)
+    exact = adapter.sample(noise, cond, sampler)
+    backend = CachedBackend("first_block", {"threshold": 1e6})
+    backend.start(adapter, {})
+    cached = backend.sample_chunk(noise, cond, sampler)
+    assert cached.shape == exact.shape and not torch.equal(cached, exact)
+    assert torch.equal(adapter.sample(noise, cond, sampler), exact)
+
+
+def test_a_second_cfg_call_runs_in_its_own_branch(tmp_path):
+    """Qwen-Image guides with two calls per step: the core names the second "uncond", so a cache keeps one
+    state per branch (as the pipelines' cache contexts do)."""
+    from contextlib import contextmanager
+
+    from adapter_checks import adapter_from_config
+    from tiny_pipelines import RESOLUTION, build_tiny_qwen_image
+    from vgrpo_adapters.qwen_image import QwenImageAdapterConfig
+    from vgrpo_adapters.qwen_image.impl import QwenImageAdapter
+
+    model = build_tiny_qwen_image(tmp_path / "qwen")
+    options = QwenImageAdapterConfig(model=str(model), resolution=RESOLUTION, cfg_scale=4.0)
+    adapter = adapter_from_config(QwenImageAdapter, options)
+    cond = adapter.encode_prompts(["a red cat"])
+    noise = torch.randn((1, *adapter.latent_shape()), generator=torch.Generator().manual_seed(0))
+    seen: list[str] = []
+
+    @contextmanager
+    def record(module, branch):  # noqa: ANN001, ANN202
+        seen.append(branch)
+        yield
+
+    with adapter.network.hooked(record):
+        adapter.sample(noise, cond, SamplerSpec("euler", 3))
+    assert seen == ["cond", "uncond"] * 3 and adapter.network.branch_name == "cond"

@@ -17,14 +17,22 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from vgrpo_platform.errors import RecipeError
 
-if TYPE_CHECKING:
-    from vgrpo_platform.network import DenoiserCall
+
+class RoutableCall(Protocol):
+    """What this module needs of the core's call of the denoiser (``network.DenoiserCall``): the module to
+    make data-parallel, a place for its wrapper, and a way around it."""
+
+    module: torch.nn.Module
+
+    def route_gradients(self, wrapper: Any) -> None: ...
+
+    def unrouted(self) -> AbstractContextManager[None]: ...
 
 
 @dataclass(frozen=True)
@@ -148,7 +156,7 @@ class RoutedDenoiser:
     the old policy's values) reach it directly, as there is nothing to average.
     """
 
-    def __init__(self, call: DenoiserCall, wrapper: torch.nn.Module) -> None:
+    def __init__(self, call: RoutableCall, wrapper: torch.nn.Module) -> None:
         self.call, self.wrapper = call, wrapper
         call.route_gradients(wrapper)
 
@@ -208,7 +216,7 @@ def configure_launch(accelerator: Any, *, grad_clip: float | None, micro_batch_s
 
 
 def prepare_for_data_parallel(
-    accelerator: Any, call: DenoiserCall, optimizer: torch.optim.Optimizer
+    accelerator: Any, call: RoutableCall, optimizer: torch.optim.Optimizer
 ) -> tuple[RoutedDenoiser | None, torch.optim.Optimizer]:
     """Let accelerate make the denoiser of ``call`` data-parallel; returns the routing (DDP, DeepSpeed)
     and the optimiser to use.

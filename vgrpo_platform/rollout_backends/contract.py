@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -81,8 +80,3 @@ class RolloutBackend:
 
     def close(self) -> None:
         pass
-
-
-def stats(values: Mapping[str, Any]) -> dict[str, float]:
-    """Float metrics only (what a backend may add to ``metrics.jsonl``)."""
-    return {k: float(v) for k, v in values.items()}
