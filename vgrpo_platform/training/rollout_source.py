@@ -129,9 +129,8 @@ class RolloutSource:
         None for the current ones)``; waits for a background rollout here."""
         if pending is not None:
             result = _noise_used(plan, pending.future.result())
-            staleness = self.version - result.weights_version
-            metrics = {"rollout_staleness": float(staleness), "rollout_engine_seconds": result.seconds}
-            return _rows_of(result.latents), metrics, (pending.weights if staleness else None)
+            generating = pending.weights if self.version != result.weights_version else None
+            return _rows_of(result.latents), self._engine_metrics(result), generating
         if self.in_process:
             if type(self.backend) is InProcessBackend:
                 return None, {}, None  # the adapter's own sample: the loop's path, unchanged
@@ -139,11 +138,14 @@ class RolloutSource:
             return (lambda noise, cond, rows: backend.sample_chunk(noise, cond, sampler)), {}, None  # type: ignore[attr-defined]
         self.backend.push_weights(self.trainable, self.version)
         result = _noise_used(plan, self.backend.generate(self._request(plan, sampler, iteration, chunk)))
-        metrics = {
+        return _rows_of(result.latents), self._engine_metrics(result), None
+
+    def _engine_metrics(self, result: RolloutResult) -> dict[str, float]:
+        """What ``metrics.jsonl`` records of a rollout made elsewhere: its lag and the engine's seconds."""
+        return {
             "rollout_staleness": float(self.version - result.weights_version),
             "rollout_engine_seconds": result.seconds,
         }
-        return _rows_of(result.latents), metrics, None
 
     @contextmanager
     def generating_policy(self, weights: Weights | None) -> Iterator[None]:
