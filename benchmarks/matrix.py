@@ -89,7 +89,7 @@ def read_marker(run_dir: Path) -> dict[str, Any] | None:
 
 def status(cell: Cell, settings: list[str], out: Path) -> str:
     """``done``, ``failed`` (finished: skipped), ``resume`` (checkpoints, no marker) or ``new``."""
-    from vgrpo_platform.training.checkpoint import list_checkpoints
+    from vgrpo_platform.training.recovery.checkpoint import list_checkpoints
 
     run_dir = cell.directory(out)
     marker = read_marker(run_dir)
@@ -140,7 +140,7 @@ def run_cell(
 
 def read_cell(cell: Cell, out: Path) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """``(marker, metrics records)`` of a finished cell; records are empty for a failed one."""
-    from vgrpo_platform.training.metrics import read_metrics
+    from vgrpo_platform.training.observe.metrics import read_metrics
 
     run_dir = cell.directory(out)
     marker = read_marker(run_dir)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from vgrpo_platform.config.recipe import resolve_recipe
 from vgrpo_platform.training.loop import Trainer
-from vgrpo_platform.training.metrics import read_metrics
+from vgrpo_platform.training.observe.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "quickstart.toml"

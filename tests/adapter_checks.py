@@ -28,7 +28,7 @@ from vgrpo_platform import finetune
 from vgrpo_platform.cli.sample import sample_to_folder
 from vgrpo_platform.host.plugins import build_plugin_manager, collect_components
 from vgrpo_platform.protocols import Adapter, BuildContext, SamplerSpec
-from vgrpo_platform.training.metrics import read_metrics
+from vgrpo_platform.training.observe.metrics import read_metrics
 
 
 def adapter_from_config(adapter_class: type, config: Any) -> Any:

@@ -18,8 +18,8 @@ from safetensors.torch import load_file
 from vgrpo_platform.algo.timesteps import draw_pairs
 from vgrpo_platform.errors import RecipeError
 from vgrpo_platform.parallel.data_parallel import RowsOf, Shard, lockstep_rows
-from vgrpo_platform.training.checkpoint import list_checkpoints
-from vgrpo_platform.training.metrics import is_timing, read_metrics
+from vgrpo_platform.training.observe.metrics import is_timing, read_metrics
+from vgrpo_platform.training.recovery.checkpoint import list_checkpoints
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "recipes" / "toy.toml"

@@ -10,10 +10,10 @@ import torch
 from toy_runs import crash_at
 
 from vgrpo_platform.config.recipe import resolve_recipe
-from vgrpo_platform.training.checkpoint import list_checkpoints, load_checkpoint
-from vgrpo_platform.training.ema import WeightAverage
+from vgrpo_platform.training.iteration.ema import WeightAverage
 from vgrpo_platform.training.loop import Trainer
-from vgrpo_platform.training.metrics import read_metrics, without_timing
+from vgrpo_platform.training.observe.metrics import read_metrics, without_timing
+from vgrpo_platform.training.recovery.checkpoint import list_checkpoints, load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "recipes" / "toy.toml"

@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 
 from vgrpo_platform.cli import app as cli
 from vgrpo_platform.config.recipe import resolve_recipe
-from vgrpo_platform.training.evaluation import diversity, standard_error
 from vgrpo_platform.training.loop import Trainer
-from vgrpo_platform.training.metrics import read_metrics, without_timing
+from vgrpo_platform.training.observe.evaluation import diversity, standard_error
+from vgrpo_platform.training.observe.metrics import read_metrics, without_timing
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "recipes" / "toy.toml"

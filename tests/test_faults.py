@@ -11,10 +11,10 @@ import torch
 
 from vgrpo_platform.config.recipe import resolve_recipe
 from vgrpo_platform.errors import RewardError
-from vgrpo_platform.training.checkpoint import list_checkpoints
-from vgrpo_platform.training.faults import NonFiniteLossError, RolloutOutOfMemory, is_out_of_memory
 from vgrpo_platform.training.loop import Trainer
-from vgrpo_platform.training.metrics import read_metrics, without_timing
+from vgrpo_platform.training.observe.metrics import read_metrics, without_timing
+from vgrpo_platform.training.recovery.checkpoint import list_checkpoints
+from vgrpo_platform.training.recovery.faults import NonFiniteLossError, RolloutOutOfMemory, is_out_of_memory
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "recipes" / "toy.toml"

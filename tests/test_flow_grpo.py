@@ -307,7 +307,7 @@ def test_dance_grpo_gradient_is_the_mean_over_each_samples_own_steps():
 
 
 def test_group_shared_initial_noise_copies_each_groups_first_draw_and_leaves_other_draws_alone():
-    from vgrpo_platform.training.rollout import generate_with_extras, share_within_groups
+    from vgrpo_platform.training.iteration.rollout import generate_with_extras, share_within_groups
 
     noise = torch.randn(6, 2, generator=torch.Generator().manual_seed(0))
     shared = share_within_groups(noise, 3)

@@ -7,7 +7,7 @@ import torch
 from PIL import Image
 
 from vgrpo_platform.protocols import Samples
-from vgrpo_platform.training.grids import (
+from vgrpo_platform.training.observe.grids import (
     RIGHT,
     WRONG,
     GridSpec,

@@ -33,8 +33,8 @@ from pathlib import Path
 
 import pytest
 
-from vgrpo_platform.training.checkpoint import checkpoint_dir, list_checkpoints, load_checkpoint
-from vgrpo_platform.training.metrics import read_metrics, without_timing
+from vgrpo_platform.training.observe.metrics import read_metrics, without_timing
+from vgrpo_platform.training.recovery.checkpoint import checkpoint_dir, list_checkpoints, load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "recipes" / "toy.toml"
@@ -56,12 +56,12 @@ SERVER = r"""
 import collections, json, os, signal, sys, traceback
 import torch
 import vgrpo_platform.cli.app as cli, vgrpo_platform.training.loop
-import vgrpo_platform.training.checkpoint, vgrpo_platform.training.metrics
+import vgrpo_platform.training.recovery.checkpoint, vgrpo_platform.training.observe.metrics
 import vgrpo_adapters.toy.impl  # diffusers, transformers, peft
 
 torch.set_num_threads(1)
 WATCHED = {m.__file__: os.path.basename(m.__file__)
-           for m in (vgrpo_platform.training.checkpoint, vgrpo_platform.training.metrics)}
+           for m in (vgrpo_platform.training.recovery.checkpoint, vgrpo_platform.training.observe.metrics)}
 
 
 def child(job):
@@ -82,7 +82,7 @@ def child(job):
 
     sys.settrace(lambda frame, event, arg: line if frame.f_code.co_filename in WATCHED else None)
     if job.get("tear_write"):  # the n-th record is cut in half, then SIGKILL
-        writer = vgrpo_platform.training.metrics.MetricsWriter
+        writer = vgrpo_platform.training.observe.metrics.MetricsWriter
         original, calls = writer.write, [0]
 
         def tearing(self, record):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from vgrpo_platform.config.schema import TrainSection
-from vgrpo_platform.training.optimizer import build_lr_schedule, lr_factor
+from vgrpo_platform.training.iteration.optimizer import build_lr_schedule, lr_factor
 
 
 @pytest.mark.parametrize("warmup", [0, 5])

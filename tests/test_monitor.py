@@ -9,10 +9,10 @@ import pytest
 
 from vgrpo_platform.config.recipe import resolve_recipe
 from vgrpo_platform.errors import RecipeError
-from vgrpo_platform.training.checkpoint import list_checkpoints
 from vgrpo_platform.training.loop import Trainer
-from vgrpo_platform.training.metrics import read_metrics
-from vgrpo_platform.training.monitor import Alarm, check, flagged, require_keys
+from vgrpo_platform.training.observe.metrics import read_metrics
+from vgrpo_platform.training.observe.monitor import Alarm, check, flagged, require_keys
+from vgrpo_platform.training.recovery.checkpoint import list_checkpoints
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "recipes" / "toy.toml"

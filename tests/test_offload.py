@@ -19,8 +19,8 @@ from torch import nn
 from vgrpo_platform.config.schema import TrainSection
 from vgrpo_platform.errors import RewardError
 from vgrpo_platform.protocols import BuildContext, Samples
-from vgrpo_platform.training.offload import modules_of, park
-from vgrpo_platform.training.scoring import WeightedReward, score_all
+from vgrpo_platform.training.iteration.offload import modules_of, park
+from vgrpo_platform.training.iteration.scoring import WeightedReward, score_all
 
 PROMPTS = ["a", "b", "c"]
 

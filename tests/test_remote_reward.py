@@ -32,8 +32,8 @@ from vgrpo_platform.cli.reward_server import RewardApp
 from vgrpo_platform.errors import RewardError
 from vgrpo_platform.host.plugins import default_registry
 from vgrpo_platform.protocols import Samples
-from vgrpo_platform.training.metrics import without_timing
-from vgrpo_platform.training.scoring import WeightedReward, score_all
+from vgrpo_platform.training.iteration.scoring import WeightedReward, score_all
+from vgrpo_platform.training.observe.metrics import without_timing
 
 
 @pytest.fixture(scope="module")
@@ -296,9 +296,9 @@ def test_training_scores_remotely_then_skips_and_stops_once_the_server_is_killed
     import json
 
     from vgrpo_platform.config.recipe import resolve_recipe
-    from vgrpo_platform.training.checkpoint import list_checkpoints
     from vgrpo_platform.training.loop import Trainer
-    from vgrpo_platform.training.metrics import read_metrics
+    from vgrpo_platform.training.observe.metrics import read_metrics
+    from vgrpo_platform.training.recovery.checkpoint import list_checkpoints
 
     toy = os.path.join(os.path.dirname(__file__), "..", "recipes", "toy.toml")
     base = [
@@ -406,9 +406,9 @@ def test_quickstart_through_serve_reward_equals_in_process_and_a_killed_server_r
     iteration 1 ends ``vgrpo run`` with one error line and the checkpoint of iteration 1, and
     ``--resume`` against a restarted server ends with the uninterrupted run's metrics."""
     from vgrpo_platform.config.recipe import resolve_recipe
-    from vgrpo_platform.training.checkpoint import list_checkpoints
     from vgrpo_platform.training.loop import Trainer
-    from vgrpo_platform.training.metrics import read_metrics
+    from vgrpo_platform.training.observe.metrics import read_metrics
+    from vgrpo_platform.training.recovery.checkpoint import list_checkpoints
 
     out = f"run.output_dir={tmp_path.as_posix()!r}"
     local = Trainer(resolve_recipe(QUICKSTART, [*QUICK, out, "run.name='local'"])).run()

@@ -14,11 +14,11 @@ from vgrpo_platform.config.recipe import resolve_recipe
 from vgrpo_platform.errors import RecipeError, RewardError
 from vgrpo_platform.host.plugins import build_plugin_manager, collect_components
 from vgrpo_platform.protocols import Samples
-from vgrpo_platform.training.checkpoint import list_checkpoints
+from vgrpo_platform.training.iteration.reward_workers import GroupFeeder, InlineScorer
+from vgrpo_platform.training.iteration.scoring import WeightedReward
 from vgrpo_platform.training.loop import Trainer
-from vgrpo_platform.training.metrics import read_metrics, without_timing
-from vgrpo_platform.training.reward_workers import GroupFeeder, InlineScorer
-from vgrpo_platform.training.scoring import WeightedReward
+from vgrpo_platform.training.observe.metrics import read_metrics, without_timing
+from vgrpo_platform.training.recovery.checkpoint import list_checkpoints
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "recipes" / "toy.toml"

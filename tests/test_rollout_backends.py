@@ -17,7 +17,7 @@ from vgrpo_platform.config.recipe import resolve_recipe
 from vgrpo_platform.errors import RecipeError
 from vgrpo_platform.protocols import SamplerSpec
 from vgrpo_platform.training.loop import Trainer
-from vgrpo_platform.training.metrics import read_metrics
+from vgrpo_platform.training.observe.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "recipes" / "toy.toml"
@@ -191,7 +191,7 @@ def test_an_overlapped_checkpoint_resumes_with_the_draws_of_the_next_iteration(t
 
 
 def latest_state(run_dir: Path, iteration: int) -> dict:
-    from vgrpo_platform.training.checkpoint import list_checkpoints, load_checkpoint
+    from vgrpo_platform.training.recovery.checkpoint import list_checkpoints, load_checkpoint
 
     path = next(p for p in list_checkpoints(run_dir) if load_checkpoint(p).state["iteration"] == iteration)
     ckpt = load_checkpoint(path)

@@ -11,11 +11,11 @@ import pytest
 from vgrpo_platform.config.recipe import resolve_recipe
 from vgrpo_platform.errors import TrackerError
 from vgrpo_platform.training import loop as train
-from vgrpo_platform.training import tracking
-from vgrpo_platform.training.checkpoint import list_checkpoints
 from vgrpo_platform.training.loop import Trainer
-from vgrpo_platform.training.metrics import read_metrics
-from vgrpo_platform.training.tracking import flatten, metrics_of
+from vgrpo_platform.training.observe import tracking
+from vgrpo_platform.training.observe.metrics import read_metrics
+from vgrpo_platform.training.observe.tracking import flatten, metrics_of
+from vgrpo_platform.training.recovery.checkpoint import list_checkpoints
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "recipes" / "toy.toml"
@@ -150,7 +150,7 @@ def test_audio_evaluations_log_a_clip_of_each_first_prompt(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from vgrpo_platform.protocols import Samples
-    from vgrpo_platform.training.tracking import Tracking
+    from vgrpo_platform.training.observe.tracking import Tracking
 
     accelerator = Accelerator(cpu=True, **Tracking.accelerator_kwargs(["tensorboard"], tmp_path))
     logged = Tracking(accelerator, ["tensorboard"], "audio", tmp_path)

@@ -17,9 +17,9 @@ from toy_runs import crash_at
 
 from vgrpo_platform.config.recipe import resolve_recipe
 from vgrpo_platform.errors import CheckpointError, RecipeError
-from vgrpo_platform.training.checkpoint import list_checkpoints
 from vgrpo_platform.training.loop import Trainer
-from vgrpo_platform.training.metrics import read_metrics, without_timing
+from vgrpo_platform.training.observe.metrics import read_metrics, without_timing
+from vgrpo_platform.training.recovery.checkpoint import list_checkpoints
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "recipes" / "toy.toml"

@@ -12,7 +12,7 @@ import torch
 
 from vgrpo_platform.config.recipe import resolve_recipe
 from vgrpo_platform.training.loop import Trainer
-from vgrpo_platform.training.metrics import read_metrics
+from vgrpo_platform.training.observe.metrics import read_metrics
 
 TOY = Path(__file__).resolve().parents[1] / "recipes" / "toy.toml"
 

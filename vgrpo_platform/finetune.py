@@ -11,8 +11,13 @@ from __future__ import annotations
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from vgrpo_platform.config.schema import TrainSection
+    from vgrpo_platform.protocols import Adapter
 
 _FROZEN_REFERENCES: weakref.WeakKeyDictionary[torch.nn.Module, dict[str, torch.Tensor]] = (
     weakref.WeakKeyDictionary()
@@ -113,3 +118,20 @@ def values_swapped_in(
         with torch.no_grad():
             for n, p in params.items():
                 p.copy_(current[n])
+
+
+def make_trainable(adapter: Adapter, train: TrainSection) -> dict[str, torch.nn.Parameter]:
+    """The recipe's ``[train]`` choice applied to the adapter's denoiser (LoRA or full), with gradient
+    checkpointing where the model has it; the trainable parameters by name. Here, not in the training
+    package, so a rollout process outside the run (a backend, an engine) builds the same trainable weights."""
+    denoiser = adapter.denoiser
+    enable_checkpointing = getattr(denoiser, "enable_gradient_checkpointing", None)  # diffusers models
+    if train.gradient_checkpointing and enable_checkpointing is not None:
+        enable_checkpointing()
+    if train.finetune == "lora":
+        targets = train.lora_targets or list(adapter.lora_target_modules)
+        attach_lora(denoiser, rank=train.lora_rank, alpha=train.lora_alpha, target_modules=targets)
+    else:
+        enable_full_finetune(denoiser)
+    denoiser.train()
+    return trainable_named_parameters(denoiser)

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from vgrpo_platform.protocols import BuildContext
-from vgrpo_platform.training.checkpoint import Checkpoint
-from vgrpo_platform.training.evaluation import Evaluation, Protocol, evaluate
-from vgrpo_platform.training.reward_workers import InlineScorer
+from vgrpo_platform.training.iteration.reward_workers import InlineScorer
+from vgrpo_platform.training.observe.evaluation import Evaluation, Protocol, evaluate
+from vgrpo_platform.training.recovery.checkpoint import Checkpoint
 from vgrpo_platform.training.session import resolve_device, run_dir_of
 
 RESULTS = "eval.json"

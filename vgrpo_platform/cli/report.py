@@ -25,7 +25,7 @@ from typing import Any
 from vgrpo_platform.errors import VgrpoError
 
 REPORT_DIR = "report"
-BEFORE_AFTER = "samples/before_after.png"  # written by the run at its end (vgrpo_platform.training.grids)
+BEFORE_AFTER = "samples/before_after.png"  # written by the run at its end (training.observe.grids)
 TRAINING_PANELS = (  # (title, main key, (band low, band high) or None)
     ("loss", "loss", None),
     ("KL to the old policy", "kl", None),

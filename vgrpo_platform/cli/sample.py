@@ -12,8 +12,8 @@ import torch
 from vgrpo_platform import media
 from vgrpo_platform.errors import CheckpointError
 from vgrpo_platform.protocols import BuildContext, SamplerSpec, Samples
-from vgrpo_platform.training.checkpoint import Checkpoint, latest_valid_checkpoint, load_checkpoint
-from vgrpo_platform.training.rollout import generate_with_extras
+from vgrpo_platform.training.iteration.rollout import generate_with_extras
+from vgrpo_platform.training.recovery.checkpoint import Checkpoint, latest_valid_checkpoint, load_checkpoint
 from vgrpo_platform.training.session import Session, build_session, resolve_device
 
 

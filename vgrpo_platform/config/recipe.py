@@ -21,11 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from vgrpo_platform.config.schema import PromptsSection, Recipe
-from vgrpo_platform.config.validation_errors import format_validation_error, show_value
+from vgrpo_platform.config.schema import DIVERSITY, EVAL_ONLY_TOTAL, PromptsSection, Recipe
 from vgrpo_platform.errors import PluginError, RecipeError
+from vgrpo_platform.host.validation_errors import format_validation_error, show_value
 from vgrpo_platform.registry import ComponentSpec, PluginConfig
-from vgrpo_platform.training.monitor import DIVERSITY, EVAL_ONLY_TOTAL
 
 try:  # Python >= 3.11
     import tomllib

@@ -99,7 +99,7 @@ class TrainSection(Section):
 
 
 class ScoringSection(Section):
-    """Where rewards run (``vgrpo_platform.training.reward_workers``): in the training process or in a worker
+    """Where rewards run (``training.iteration.reward_workers``): in the training process or in a worker
     process, and whether the rollout's chunks are scored while later chunks are generated."""
 
     isolation: Literal["inline", "process"] = "inline"  # "process": a crash takes only the worker down
@@ -110,6 +110,11 @@ class ScoringSection(Section):
         1, ge=0
     )  # worker deaths survived per run before the RewardError (train.on_fault)
     worker_threads: int | None = Field(None, ge=1)  # torch threads in the worker; None = torch's default
+
+
+# The metric names an evaluation adds for [eval.monitor] to watch (written by training/observe/evaluation.py):
+DIVERSITY = "monitor/diversity"  # each prompt's sample diversity, averaged over the prompts
+EVAL_ONLY_TOTAL = "monitor/reward"  # the weighted sum of the [[eval.rewards]]
 
 
 class MonitorSection(Section):
@@ -137,7 +142,7 @@ class EvalSection(Section):
 
 class LogSection(Section):
     progress: Literal["auto", "rich", "plain", "none"] = "auto"
-    # experiment trackers through accelerate's tracking API (vgrpo_platform.training.tracking); [] = none
+    # experiment trackers through accelerate's tracking API (training.observe.tracking); [] = none
     trackers: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(default_factory=list)
     project: str = "vgrpo"  # the tracker's project (W&B project, MLflow experiment, TensorBoard folder)
     checkpoint_every: int = Field(10, ge=0)  # iterations; 0 = only at the end

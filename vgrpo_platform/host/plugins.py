@@ -17,8 +17,8 @@ import pluggy
 from pydantic import ValidationError
 
 from vgrpo_platform import hookspecs
-from vgrpo_platform.config.validation_errors import format_validation_error
 from vgrpo_platform.errors import PluginError, RecipeError, VgrpoError
+from vgrpo_platform.host.validation_errors import format_validation_error
 from vgrpo_platform.registry import KINDS, ComponentSpec, PluginConfig
 
 ENTRY_POINT_GROUP = "vgrpo"

@@ -28,7 +28,7 @@ How it departs from textbook GRPO (see docs/concepts.md):
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,21 +42,52 @@ from vgrpo_platform.parallel import data_parallel as dp
 from vgrpo_platform.parallel import sharded_state
 from vgrpo_platform.protocols import BuildContext, RolloutBatch, SamplerSpec
 from vgrpo_platform.rollout_backends.in_process import InProcessBackend
-from vgrpo_platform.training import faults
-from vgrpo_platform.training.ema import served
-from vgrpo_platform.training.evaluation import Protocol, evaluate
-from vgrpo_platform.training.interrupts import StopFlag
-from vgrpo_platform.training.metrics import MetricsWriter, Progress, read_metrics, reward_metrics
-from vgrpo_platform.training.monitor import Watch
-from vgrpo_platform.training.prompt_sampler import PromptSampler
-from vgrpo_platform.training.reward_workers import GroupFeeder, build_scorer
-from vgrpo_platform.training.rollout import RolloutPlan, plan_rollout, roll_out, surrogate_sampler
-from vgrpo_platform.training.rollout_source import RolloutSource
-from vgrpo_platform.training.run_state import LoopState, RunState, check_run_dir
-from vgrpo_platform.training.run_summary import summarise
+from vgrpo_platform.training.iteration.clock import StageClock
+from vgrpo_platform.training.iteration.ema import served
+from vgrpo_platform.training.iteration.prompts import PromptSampler
+from vgrpo_platform.training.iteration.reward_workers import GroupFeeder, build_scorer
+from vgrpo_platform.training.iteration.rollout import RolloutPlan, plan_rollout, roll_out, surrogate_sampler
+from vgrpo_platform.training.iteration.rollout_source import RolloutSource
+from vgrpo_platform.training.iteration.update import PolicyUpdate
+from vgrpo_platform.training.observe.evaluation import Protocol, evaluate
+from vgrpo_platform.training.observe.metrics import MetricsWriter, Progress, read_metrics, reward_metrics
+from vgrpo_platform.training.observe.monitor import Watch
+from vgrpo_platform.training.observe.summary import summarise
+from vgrpo_platform.training.observe.tracking import Tracking, require
+from vgrpo_platform.training.recovery import faults
+from vgrpo_platform.training.recovery.fault_policy import FaultPolicy
+from vgrpo_platform.training.recovery.interrupts import StopFlag
+from vgrpo_platform.training.recovery.run_state import LoopState, RunState, check_run_dir
 from vgrpo_platform.training.session import Session, build_session, resolve_device, run_dir_of
-from vgrpo_platform.training.tracking import Tracking, require
-from vgrpo_platform.training.update import PolicyUpdate
+
+
+@dataclass
+class _Draw:
+    """The iteration's prompts and this rank's share of them."""
+
+    prompts: list[str]  # the whole batch's, the same on every rank
+    block: slice  # this rank's prompt groups
+    flat_prompts: list[str]  # this rank's prompts, one per rollout row
+    rows: slice  # this rank's rows in the whole batch
+    pending: Any  # an overlapped rollout requested during the last update, or None
+
+
+@dataclass
+class _Rollout:
+    plan: RolloutPlan
+    latents: torch.Tensor
+    samples: Any
+    extras: dict[str, torch.Tensor]
+    info: dict[str, float]  # the backend's metrics (rollout_*)
+    generating: dict[str, torch.Tensor] | None  # the weights that generated it, when not the current ones
+
+
+@dataclass
+class _Scores:
+    terms: dict[str, torch.Tensor]  # per reward, the whole batch
+    details: dict[str, torch.Tensor]
+    total_reward: torch.Tensor
+    advantages: tuple[torch.Tensor, torch.Tensor]  # (advantages, group id of each row), the whole batch
 
 
 class Trainer:
@@ -98,6 +129,7 @@ class Trainer:
             offload_device=self.reward_device,
             on_restart=self.notices.append,
         )
+        self.sampler = SamplerSpec(recipe.rollout.sampler, recipe.rollout.steps)  # every training rollout's
         self.protocol = Protocol.of(resolved)  # the held-out prompts, seeds and sampler of every evaluation
         prompts = PromptSampler(resolved.train_prompts, seed=recipe.run.seed, shuffle=recipe.prompts.shuffle)
         self.loop = LoopState.seeded(prompts, recipe.run.seed)
@@ -105,7 +137,7 @@ class Trainer:
         self.optimizer, self.average = self.update.optimizer, self.update.average
         self.source = self._rollout_source(resolved, context)
         self.state = RunState(self.run_dir, recipe, self.accelerator, self.session, self.update, self.loop)
-        self.on_fault = faults.FaultPolicy(t, self.state, self._write)
+        self.on_fault = FaultPolicy(t, self.state, self._write)
         self.start_iteration = 0
         self.elapsed = 0.0  # seconds of training before this process (resumed runs)
         self.t_start = 0.0  # set by run(): perf_counter() of a training start with no time behind it
@@ -284,126 +316,152 @@ class Trainer:
                 export(self.run_dir / "final")
 
     def iterate(self, iteration: int) -> dict[str, float]:
-        """One V-GRPO iteration; returns its metrics record."""
-        recipe, session = self.recipe, self.session
-        adapter = session.adapter
-        t0 = time.perf_counter()
-        pending = self.source.take_pending()  # rollout.overlap: requested during the last update
-        # the same list on every rank
-        prompts = pending.prompts if pending else self.loop.prompts.next(recipe.rollout.prompts_per_iteration)
-        block = self.shard.prompt_block(len(prompts))  # this rank's whole groups
-        group_size = recipe.rollout.group_size
-        sampler = SamplerSpec(recipe.rollout.sampler, recipe.rollout.steps)
-        session.surrogate.begin_iteration(iteration)
+        """One V-GRPO iteration, its steps in order; returns its metrics record."""
+        clock = StageClock()
+        draw = self._draw_prompts()
+        self.session.surrogate.begin_iteration(iteration)
+        rollout, scored = self._roll_out_and_score(draw, iteration, clock)
+        scores = self._advantages(draw, scored)
+        clock.lap("reward")
+        if self.source.due(iteration):  # a lossy backend's gap to the exact sampler, measured
+            rewards = scores.total_reward[draw.rows]
+            rollout.info.update(self._mismatch(rollout.plan, rollout.latents, rollout.generating, rewards))
+            clock.add_aside(rollout.info.get("time_mismatch", 0.0))
+        self._prefetch_next(draw, iteration)
+        batch = self._batch(draw, rollout, scores)
+        self._prepare_surrogate(batch, rollout.generating)
+        with clock.aside():  # not part of the method's training cost
+            diagnostics = self.diagnose(batch, iteration)
+        update = self.update(batch, iteration)
+        self.source.updated()
+        clock.lap("train")
+        self.diagnostics_seconds += clock.set_aside
+        record: dict[str, Any] = {"kind": "train", "iteration": iteration, "epoch": self.loop.prompts.epoch}
+        record.update(reward_metrics(scores.total_reward, scores.terms, scores.details, *scores.advantages))
+        record.update(update)
+        record.update(diagnostics)
+        record.update(rollout.info)
+        record["lr"] = self.optimizer.param_groups[0]["lr"]
+        # time_scoring: the rewards' own seconds, which [scoring] overlap hides behind the rollout
+        record.update(clock.record(), time_scoring=self.scorer.busy_seconds())
+        return record
+
+    # ------------------------------------------------------------------------------- iteration steps
+    def _draw_prompts(self) -> _Draw:
+        """The iteration's prompts (the same list on every rank; drawn during the last update under
+        ``rollout.overlap``) and the whole prompt groups this rank rolls out."""
+        pending = self.source.take_pending()
+        per_iteration = self.recipe.rollout.prompts_per_iteration
+        prompts = pending.prompts if pending else self.loop.prompts.next(per_iteration)
+        block = self.shard.prompt_block(len(prompts))
+        group_size = self.recipe.rollout.group_size
+        flat = [p for p in prompts[block] for _ in range(group_size)]  # row order of the rollout
         first_row = block.start * group_size
-        fault: VgrpoError | None = None
-        t1 = t0
-        flat_prompts = [p for p in prompts[block] for _ in range(group_size)]  # row order of the rollout
-        # [scoring] overlap: each chunk of whole groups is scored while the next is generated
-        feeder = (
-            GroupFeeder(self.scorer, flat_prompts, group_size, step=iteration)
+        return _Draw(prompts, block, flat, slice(first_row, first_row + len(flat)), pending)
+
+    def _roll_out_and_score(
+        self, draw: _Draw, iteration: int, clock: StageClock
+    ) -> tuple[_Rollout, tuple[dict, dict]]:
+        """This rank's samples and their reward terms; a fault on any rank stops every rank here."""
+        self.scorer.busy_seconds()  # only this iteration's scoring counts in time_scoring
+        feeder = (  # [scoring] overlap: each chunk of whole groups is scored while the next is generated
+            GroupFeeder(self.scorer, draw.flat_prompts, self.recipe.rollout.group_size, step=iteration)
             if self.scorer.overlap
             else None
         )
-        self.scorer.busy_seconds()  # only this iteration's scoring counts below
-        generating = None  # the weights that generated the batch, when not the current ones
-        rollout_info: dict[str, float] = {}
-        chunk = recipe.train.micro_batch_size
+        fault: VgrpoError | None = None
+        rollout = scored = None
         try:
-            plan = pending.plan if pending else self._plan(prompts, block, first_row)
-            sample_chunk, rollout_info, generating = self.source.sampler_for(
-                plan, sampler, iteration, chunk, pending
-            )
-            latents, samples, rollout_extras = roll_out(
-                adapter,
-                plan,
-                sampler=sampler,
-                generator=self.loop.rollout_rng,
-                chunk_size=chunk,
-                rollout_fn=surrogate_sampler(session.surrogate, self.accelerator.autocast),
-                sample_chunk=sample_chunk,
-                on_chunk=feeder,
-            )
-            cond = plan.cond
-            group_ids = plan.group_ids + block.start  # ids in the global batch
-            t1 = time.perf_counter()
+            rollout = self._roll_out(draw, iteration, feeder)
+            clock.lap("rollout")
             if feeder is not None:
-                local_terms, local_details = self.scorer.collect(feeder.finish())
+                scored = self.scorer.collect(feeder.finish())
             else:
-                local_terms, local_details = self.scorer.score(samples, flat_prompts, step=iteration)
+                scored = self.scorer.score(rollout.samples, draw.flat_prompts, step=iteration)
         except RewardError as exc:
             fault = exc
         except Exception as exc:
             if not faults.is_out_of_memory(exc):
                 raise
-            fault = faults.out_of_memory(iteration, prompts[block][0])
+            fault = faults.out_of_memory(iteration, draw.prompts[draw.block][0])
         faults.agree_on_fault(self.accelerator, fault)
-        # the whole batch's scores on every rank: advantages and metrics see full groups
+        assert rollout is not None and scored is not None  # agree_on_fault raised otherwise
+        return rollout, scored
+
+    def _roll_out(self, draw: _Draw, iteration: int, feeder: GroupFeeder | None) -> _Rollout:
+        """The rank's rollout from the run's backend (or the surrogate's own sampler), chunk by chunk."""
+        plan = draw.pending.plan if draw.pending else self._plan(draw.prompts, draw.block, draw.rows.start)
+        chunk = self.recipe.train.micro_batch_size
+        sample_chunk, info, generating = self.source.sampler_for(
+            plan, self.sampler, iteration, chunk, draw.pending
+        )
+        latents, samples, extras = roll_out(
+            self.session.adapter,
+            plan,
+            sampler=self.sampler,
+            generator=self.loop.rollout_rng,
+            chunk_size=chunk,
+            rollout_fn=surrogate_sampler(self.session.surrogate, self.accelerator.autocast),
+            sample_chunk=sample_chunk,
+            on_chunk=feeder,
+        )
+        return _Rollout(plan, latents, samples, extras, info, generating)
+
+    def _advantages(self, draw: _Draw, scored: tuple[dict, dict]) -> _Scores:
+        """The whole batch's scores on every rank (advantages and metrics see full groups), and the
+        group-relative advantages of ``[grpo]``."""
+        local_terms, local_details = scored
         terms = {k: dp.gather_rows(self.accelerator, v) for k, v in sorted(local_terms.items())}
         details = {k: dp.gather_rows(self.accelerator, v) for k, v in sorted(local_details.items())}
-        all_ids = torch.arange(len(prompts)).repeat_interleave(group_size)  # [N]
-        weights = {r.key: r.weight for r in session.rewards}
-        g = recipe.grpo
+        group_ids = torch.arange(len(draw.prompts)).repeat_interleave(self.recipe.rollout.group_size)  # [N]
+        g = self.recipe.grpo
         advantages, total_reward = compute_advantages(
             terms,
-            weights,
-            all_ids,
+            {r.key: r.weight for r in self.session.rewards},
+            group_ids,
             std=g.std,
             eps=g.eps,
             aggregation=g.reward_aggregation,
             soft_clip_eta=g.soft_clip_eta,
         )
-        t2 = time.perf_counter()
-        mine = slice(first_row, first_row + len(group_ids))
-        if self.source.due(iteration):  # a lossy backend's gap to the exact sampler, measured
-            rollout_info.update(self._mismatch(plan, latents, sampler, generating, total_reward[mine]))
-        if self.source.overlap and iteration < recipe.train.iterations:
-            self.loop.draws_ahead()  # a checkpoint of this iteration leaves the next one's draws undone
-            upcoming = self.loop.prompts.next(recipe.rollout.prompts_per_iteration)
-            self.source.prefetch(
-                upcoming, self._plan(upcoming, block, first_row), sampler, iteration + 1, chunk
-            )
-        else:
+        return _Scores(terms, details, total_reward, (advantages, group_ids))
+
+    def _prefetch_next(self, draw: _Draw, iteration: int) -> None:
+        """``rollout.overlap``: the next iteration's prompts and noise, handed to the backend now."""
+        if not self.source.overlap or iteration >= self.recipe.train.iterations:
             self.loop.ahead = None
-        batch = RolloutBatch(
-            prompts=flat_prompts,
-            group_ids=group_ids.to(self.device),
-            cond=cond,
-            latents=latents,
-            rewards=total_reward[mine].to(self.device),
-            reward_terms={k: v[mine].to(self.device) for k, v in terms.items()},
+            return
+        self.loop.draws_ahead()  # a checkpoint of this iteration leaves the next one's draws undone
+        upcoming = self.loop.prompts.next(self.recipe.rollout.prompts_per_iteration)
+        plan = self._plan(upcoming, draw.block, draw.rows.start)
+        self.source.prefetch(upcoming, plan, self.sampler, iteration + 1, self.recipe.train.micro_batch_size)
+
+    def _batch(self, draw: _Draw, rollout: _Rollout, scores: _Scores) -> RolloutBatch:
+        """This rank's rows of the iteration, on the training device."""
+        mine, (advantages, group_ids) = draw.rows, scores.advantages
+        return RolloutBatch(
+            prompts=draw.flat_prompts,
+            group_ids=(rollout.plan.group_ids + draw.block.start).to(self.device),  # ids in the global batch
+            cond=rollout.plan.cond,
+            latents=rollout.latents,
+            rewards=scores.total_reward[mine].to(self.device),
+            reward_terms={k: v[mine].to(self.device) for k, v in scores.terms.items()},
             advantages=advantages[mine].to(self.device),
-            extras=rollout_extras,
-            rows=dp.RowsOf(all_ids.to(self.device), first_row) if self.shard.world > 1 else None,
+            extras=rollout.extras,
+            rows=dp.RowsOf(group_ids.to(self.device), mine.start) if self.shard.world > 1 else None,
         )
-        session.surrogate.samples_on_policy = generating is None
-        with (  # the old policy's forwards (the weights that generated the batch), a micro-batch at a time
+
+    def _prepare_surrogate(self, batch: RolloutBatch, generating: dict[str, torch.Tensor] | None) -> None:
+        """The surrogate's pairs and the old policy's values, from the weights that generated the batch,
+        a micro-batch at a time."""
+        surrogate = self.session.surrogate
+        surrogate.samples_on_policy = generating is None
+        with (
             self.accelerator.autocast(),
-            denoiser_call_of(adapter).rows_at_most(recipe.train.micro_batch_size),
+            denoiser_call_of(self.session.adapter).rows_at_most(self.recipe.train.micro_batch_size),
             self.source.generating_policy(generating),
         ):
-            session.surrogate.prepare(batch, adapter, self.loop.surrogate_rng)
-        t_diag = time.perf_counter()
-        diagnostics = self.diagnose(batch, iteration)
-        t_diag = time.perf_counter() - t_diag  # reported apart: not part of the method's training cost
-        update = self.update(batch, iteration)
-        self.source.updated()
-        t3 = time.perf_counter()
-        record: dict[str, Any] = {"kind": "train", "iteration": iteration, "epoch": self.loop.prompts.epoch}
-        record.update(reward_metrics(total_reward, terms, details, advantages, all_ids))
-        record.update(update)
-        record.update(diagnostics)
-        record.update(rollout_info)
-        record["lr"] = self.optimizer.param_groups[0]["lr"]
-        t_mismatch = rollout_info.get("time_mismatch", 0.0)  # a measurement, not the method's cost
-        self.diagnostics_seconds += t_diag + t_mismatch
-        time_train = t3 - t2 - t_diag - t_mismatch
-        # time_reward: what scoring added to the iteration (the wait after the rollout); time_scoring:
-        # the rewards' own seconds, which [scoring] overlap hides behind the rollout
-        record.update(time_rollout=t1 - t0, time_reward=t2 - t1, time_train=time_train)
-        record["time_scoring"] = self.scorer.busy_seconds()
-        record["time_iteration"] = t3 - t0
-        return record
+            surrogate.prepare(batch, self.session.adapter, self.loop.surrogate_rng)
 
     def _plan(self, prompts: list[str], block: slice, first_row: int) -> RolloutPlan:
         """This rank's rollout inputs for the iteration's ``prompts``: conditioning and initial noise."""
@@ -422,7 +480,6 @@ class Trainer:
         self,
         plan: RolloutPlan,
         latents: torch.Tensor,
-        sampler: SamplerSpec,
         generating: dict[str, torch.Tensor] | None,
         rewards: torch.Tensor,
     ) -> dict[str, float]:
@@ -435,7 +492,7 @@ class Trainer:
             return sum(weights[k] * v.float() for k, v in terms.items())  # type: ignore[return-value]
 
         with self.accelerator.autocast():
-            return self.source.mismatch(plan, latents, sampler, generating, score, rewards)
+            return self.source.mismatch(plan, latents, self.sampler, generating, score, rewards)
 
     def diagnose(self, batch: RolloutBatch, iteration: int) -> dict[str, float]:
         """The surrogate diagnostics every ``log.diagnostics_every`` iterations, before the update.

@@ -14,13 +14,13 @@ from typing import Any, NoReturn
 
 import torch
 
-from vgrpo_platform import finetune
-from vgrpo_platform.config.schema import Recipe, TrainSection
+from vgrpo_platform.config.schema import Recipe
 from vgrpo_platform.errors import PluginError
+from vgrpo_platform.finetune import make_trainable
 from vgrpo_platform.network import denoiser_call_of
 from vgrpo_platform.protocols import Adapter, BuildContext, Samples, SurrogateBase
-from vgrpo_platform.training import offload
-from vgrpo_platform.training.scoring import WeightedReward
+from vgrpo_platform.training.iteration import offload
+from vgrpo_platform.training.iteration.scoring import WeightedReward
 
 
 def resolve_device(name: str) -> torch.device:
@@ -110,20 +110,6 @@ def build_session(
         context=context,
         eval_rewards=eval_rewards,
     )
-
-
-def make_trainable(adapter: Adapter, train: TrainSection) -> dict[str, torch.nn.Parameter]:
-    denoiser = adapter.denoiser
-    enable_checkpointing = getattr(denoiser, "enable_gradient_checkpointing", None)  # diffusers models
-    if train.gradient_checkpointing and enable_checkpointing is not None:
-        enable_checkpointing()
-    if train.finetune == "lora":
-        targets = train.lora_targets or list(adapter.lora_target_modules)
-        finetune.attach_lora(denoiser, rank=train.lora_rank, alpha=train.lora_alpha, target_modules=targets)
-    else:
-        finetune.enable_full_finetune(denoiser)
-    denoiser.train()
-    return finetune.trainable_named_parameters(denoiser)
 
 
 def fingerprint(recipe: Recipe) -> str:

@@ -11,7 +11,7 @@ from vgrpo_example_engine.fake_engine import FakeEngine, serve
 from vgrpo_platform.config.recipe import resolve_recipe
 from vgrpo_platform.testing import check_entry_module_cheap
 from vgrpo_platform.training.loop import Trainer
-from vgrpo_platform.training.metrics import read_metrics
+from vgrpo_platform.training.observe.metrics import read_metrics
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipe.toml"
 

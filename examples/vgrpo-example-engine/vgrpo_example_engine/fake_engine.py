@@ -22,8 +22,8 @@ from werkzeug.wrappers import Request, Response
 
 from vgrpo_example_engine.wire import pack, unpack
 from vgrpo_platform.config.recipe import resolve_recipe
+from vgrpo_platform.finetune import make_trainable
 from vgrpo_platform.protocols import BuildContext, SamplerSpec
-from vgrpo_platform.training.session import make_trainable
 
 
 class FakeEngine:

@@ -18,14 +18,18 @@ import torch
 
 from vgrpo_platform.errors import CheckpointError, RecipeError
 from vgrpo_platform.parallel import sharded_state
-from vgrpo_platform.training.checkpoint import latest_valid_checkpoint, list_checkpoints, save_checkpoint
-from vgrpo_platform.training.prompt_sampler import PromptSampler
+from vgrpo_platform.training.iteration.prompts import PromptSampler
+from vgrpo_platform.training.recovery.checkpoint import (
+    latest_valid_checkpoint,
+    list_checkpoints,
+    save_checkpoint,
+)
 from vgrpo_platform.training.session import fingerprint
 
 if TYPE_CHECKING:
     from vgrpo_platform.config.schema import Recipe
+    from vgrpo_platform.training.iteration.update import PolicyUpdate
     from vgrpo_platform.training.session import Session
-    from vgrpo_platform.training.update import PolicyUpdate
 
 
 @dataclass

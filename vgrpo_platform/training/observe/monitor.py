@@ -28,9 +28,6 @@ from vgrpo_platform.errors import RecipeError
 if TYPE_CHECKING:
     from vgrpo_platform.config.schema import MonitorSection
 
-DIVERSITY = "monitor/diversity"  # evaluation.diversity, averaged over the prompts
-EVAL_ONLY_TOTAL = "monitor/reward"  # the weighted sum of the [[eval.rewards]]
-
 
 @dataclass(frozen=True)
 class Alarm:

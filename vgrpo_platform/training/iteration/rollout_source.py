@@ -29,7 +29,7 @@ from vgrpo_platform.finetune import values_swapped_in
 from vgrpo_platform.protocols import Conditioning, SamplerSpec
 from vgrpo_platform.rollout_backends.contract import RolloutBackend, RolloutRequest, RolloutResult
 from vgrpo_platform.rollout_backends.in_process import InProcessBackend
-from vgrpo_platform.training.rollout import ChunkSampler, RolloutPlan
+from vgrpo_platform.training.iteration.rollout import ChunkSampler, RolloutPlan
 
 Weights = dict[str, torch.Tensor]
 

@@ -10,7 +10,7 @@ import torch
 
 from vgrpo_platform.errors import RewardError
 from vgrpo_platform.protocols import Reward, Samples
-from vgrpo_platform.training.offload import on_device
+from vgrpo_platform.training.iteration.offload import on_device
 
 
 @dataclass

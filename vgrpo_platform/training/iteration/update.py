@@ -18,10 +18,10 @@ from vgrpo_platform import finetune
 from vgrpo_platform.network import denoiser_call_of
 from vgrpo_platform.parallel import data_parallel as dp
 from vgrpo_platform.protocols import RolloutBatch
-from vgrpo_platform.training.ema import WeightAverage
-from vgrpo_platform.training.faults import agree_on_fault, non_finite_loss
-from vgrpo_platform.training.metrics import accumulate
-from vgrpo_platform.training.optimizer import build_lr_schedule, build_optimizer
+from vgrpo_platform.training.iteration.ema import WeightAverage
+from vgrpo_platform.training.iteration.optimizer import build_lr_schedule, build_optimizer
+from vgrpo_platform.training.observe.metrics import accumulate
+from vgrpo_platform.training.recovery.faults import agree_on_fault, non_finite_loss
 
 if TYPE_CHECKING:
     from vgrpo_platform.config.schema import TrainSection
@@ -33,7 +33,7 @@ class PolicyUpdate:
     calling it runs one iteration's optimiser steps.
 
     ``stepped`` and ``half_step`` tell the fault policy what a failing iteration has already done
-    (``faults.FaultPolicy``); the loop clears them with ``begin_iteration``.
+    (``fault_policy.FaultPolicy``); the loop clears them with ``begin_iteration``.
     """
 
     def __init__(

@@ -22,12 +22,12 @@ from typing import Any
 
 import torch
 
+from vgrpo_platform.config.schema import DIVERSITY, EVAL_ONLY_TOTAL
 from vgrpo_platform.errors import RewardError
 from vgrpo_platform.parallel.data_parallel import gather_objects, lockstep_rows, shard_of
 from vgrpo_platform.protocols import SamplerSpec, Samples
-from vgrpo_platform.training.grids import save_grid
-from vgrpo_platform.training.monitor import DIVERSITY, EVAL_ONLY_TOTAL
-from vgrpo_platform.training.rollout import generate_with_extras
+from vgrpo_platform.training.iteration.rollout import generate_with_extras
+from vgrpo_platform.training.observe.grids import save_grid
 
 
 @dataclass(frozen=True)

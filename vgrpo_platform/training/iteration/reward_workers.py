@@ -31,7 +31,7 @@ import torch
 
 from vgrpo_platform.errors import RecipeError, RewardError
 from vgrpo_platform.protocols import BuildContext, Samples
-from vgrpo_platform.training.scoring import WeightedReward, score_all
+from vgrpo_platform.training.iteration.scoring import WeightedReward, score_all
 
 Scores = tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]  # (terms, details) as score_all returns
 TRAIN, EVAL = (

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vgrpo_platform.training.grids import save_before_after
-from vgrpo_platform.training.metrics import Progress, read_metrics
+from vgrpo_platform.training.observe.grids import save_before_after
+from vgrpo_platform.training.observe.metrics import Progress, read_metrics
 
 
 def summarise(run_dir: Path, progress: Progress) -> None:
