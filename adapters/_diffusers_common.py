@@ -23,8 +23,8 @@ from vgrpo_adapters._diffusers_export import TransformerExport
 
 from vgrpo_platform.errors import VgrpoError
 from vgrpo_platform.network import CoreCalledAdapter
+from vgrpo_platform.noise_schedules import RectifiedFlowSchedule
 from vgrpo_platform.protocols import BuildContext, Conditioning, Samples
-from vgrpo_platform.schedules import RectifiedFlowSchedule
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 TEXT_ENCODERS = ("text_encoder", "text_encoder_2", "text_encoder_3")

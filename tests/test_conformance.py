@@ -16,9 +16,9 @@ from pydantic import ConfigDict
 
 from vgrpo_platform.host.plugins import default_registry
 from vgrpo_platform.network import CoreCalledAdapter
+from vgrpo_platform.noise_schedules import RectifiedFlowSchedule
 from vgrpo_platform.protocols import BuildContext, SamplerSpec, Samples
 from vgrpo_platform.registry import PluginConfig
-from vgrpo_platform.schedules import RectifiedFlowSchedule
 from vgrpo_platform.testing import (
     ADAPTER_CHECKS,
     REWARD_CHECKS,
@@ -365,7 +365,7 @@ class TinyAdapter(CoreCalledAdapter):
         return out
 
     def sample(self, noise, cond, sampler):  # noqa: ANN001, ANN201
-        from vgrpo_platform.sampling import solve_flow_ode
+        from vgrpo_platform.ode_solvers import solve_flow_ode
 
         if self.defect == "ignores_noise":
             noise = torch.zeros_like(noise)

@@ -117,6 +117,8 @@ ENTRY_AND_ALIASES = {
     "vgrpo_platform.__main__",  # ``python -m vgrpo_platform``: the command line's entry, above everything
     "vgrpo_platform.plugins",  # deprecated re-exports kept for third-party plugins, not part of a layer
     "vgrpo_platform.lr_schedule",
+    "vgrpo_platform.sampling",
+    "vgrpo_platform.schedules",
 }
 
 

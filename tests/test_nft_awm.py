@@ -17,8 +17,8 @@ from toy_runs import surrogate_toy_run
 from vgrpo_platform.algo.surrogates.awm import AWMSurrogate
 from vgrpo_platform.algo.surrogates.nft import DiffusionNFTSurrogate, ema_decay, implicit_policies
 from vgrpo_platform.algo.surrogates.plugin import AWMConfig, DiffusionNFTConfig
+from vgrpo_platform.noise_schedules import RectifiedFlowSchedule
 from vgrpo_platform.protocols import RolloutBatch
-from vgrpo_platform.schedules import RectifiedFlowSchedule
 
 
 def make_batch(advantages: list[float], group_ids: list[int] | None = None, seed: int = 0) -> RolloutBatch:

@@ -16,8 +16,8 @@ PINNED = {
         "hookimpl", "register_adapters", "register_commands", "register_rewards", "register_surrogates",
     ],
     "vgrpo_platform.registry": ["ComponentSpec", "PluginConfig"],
-    "vgrpo_platform.schedules": ["RectifiedFlowSchedule", "expand_like"],
-    "vgrpo_platform.sampling": ["make_scheduler", "solve_flow_ode"],
+    "vgrpo_platform.noise_schedules": ["RectifiedFlowSchedule", "expand_like"],
+    "vgrpo_platform.ode_solvers": ["make_scheduler", "solve_flow_ode"],
     "vgrpo_platform.errors": ["PluginError", "RecipeError", "RewardError", "VgrpoError"],
     "vgrpo_platform.testing": [
         "ADAPTER_CHECKS", "REWARD_CHECKS", "ConformanceReport", "check_adapter", "check_component",
@@ -31,10 +31,14 @@ PINNED = {
         "PROTOCOL", "WireError", "decode_samples", "decode_scores", "encode_request", "encode_samples",
         "encode_scores",
     ],
-    # old paths kept as re-exports of their new homes (host.plugins, training.optimizer)
+}  # fmt: skip
+
+DEPRECATED = {  # old paths, re-exports of their new homes for one release; each warns on import
     "vgrpo_platform.plugins": ["ComponentRegistry", "default_registry"],
     "vgrpo_platform.lr_schedule": ["lr_factor"],
-}  # fmt: skip
+    "vgrpo_platform.sampling": ["make_scheduler", "solve_flow_ode"],
+    "vgrpo_platform.schedules": ["RectifiedFlowSchedule", "expand_like"],
+}
 
 
 @pytest.mark.parametrize("module", sorted(PINNED))
@@ -51,3 +55,33 @@ def test_importing_the_conformance_kit_loads_no_torch() -> None:
     code = "import sys, vgrpo_platform.testing; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("module", sorted(DEPRECATED))
+def test_an_old_path_still_imports_and_says_where_to_go(module: str) -> None:
+    import subprocess
+    import sys
+
+    names = ", ".join(DEPRECATED[module])
+    code = f"import warnings; warnings.simplefilter('error'); from {module} import {names}"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode != 0 and "DeprecationWarning" in out.stderr, out.stderr
+    assert "import" in out.stderr.splitlines()[-1]  # the warning names the new path
+    code = f"import warnings; warnings.simplefilter('ignore'); from {module} import {names}"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_no_project_code_imports_an_old_path() -> None:
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    used = []
+    for folder in ("vgrpo_platform", "adapters", "rewards", "examples", "benchmarks"):
+        for path in (root / folder).rglob("*.py"):
+            text = path.read_text()
+            used += [
+                f"{path.relative_to(root)}: {m}"
+                for m in DEPRECATED
+                if f"import {m}" in text or f"from {m} " in text
+            ]
+    assert used == []

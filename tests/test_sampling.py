@@ -14,8 +14,8 @@ import math
 import pytest
 import torch
 
+from vgrpo_platform.ode_solvers import SAMPLERS, solve_flow_ode
 from vgrpo_platform.protocols import SamplerSpec
-from vgrpo_platform.sampling import SAMPLERS, solve_flow_ode
 
 DIM = 4
 
@@ -170,7 +170,7 @@ def test_steps_must_be_positive() -> None:
 
 
 def test_shift_grid_helper_matches_schedule_warp() -> None:
-    from vgrpo_platform.schedules import RectifiedFlowSchedule
+    from vgrpo_platform.noise_schedules import RectifiedFlowSchedule
 
     u = torch.linspace(0, 1, 11)
     torch.testing.assert_close(shifted(u, 3.0), RectifiedFlowSchedule(3.0).warp(u))

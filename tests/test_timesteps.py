@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from vgrpo_platform.algo.timesteps import draw_pairs, iid_uniform, stratified_uniform
-from vgrpo_platform.schedules import RectifiedFlowSchedule
+from vgrpo_platform.noise_schedules import RectifiedFlowSchedule
 
 
 def ks_uniform(values: torch.Tensor) -> float:

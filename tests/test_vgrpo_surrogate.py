@@ -17,8 +17,8 @@ from vgrpo_platform.algo.surrogates.elbo import pair_loss
 from vgrpo_platform.algo.surrogates.plugin import NaiveELBOConfig, VGRPOConfig, register_surrogates
 from vgrpo_platform.algo.surrogates.vgrpo import VGRPOSurrogate
 from vgrpo_platform.network import CoreCalledAdapter
+from vgrpo_platform.noise_schedules import RectifiedFlowSchedule
 from vgrpo_platform.protocols import RolloutBatch, Surrogate
-from vgrpo_platform.schedules import RectifiedFlowSchedule
 
 
 def make_batch(adapter: TinyAdapter, group_ids: list[int], seed: int = 0) -> RolloutBatch:

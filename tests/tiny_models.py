@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from vgrpo_platform.schedules import RectifiedFlowSchedule
+from vgrpo_platform.noise_schedules import RectifiedFlowSchedule
 
 DT = torch.float64
 

@@ -1,10 +1,15 @@
-"""Old path of the learning-rate schedule (now ``vgrpo_platform.training.iteration.optimizer``), kept for
-plugins that pretrain with the same warm-up/cosine formula (``adapters/shapes/pretrain.py``).
+"""Deprecated path of the learning-rate factor (now ``vgrpo_platform.training.iteration.optimizer``): the old
+name sat beside the noise schedules and read like one of them. Importable for one release."""
 
-A shim, not the home: the old name sat beside ``schedules`` (noise schedules) and read like one of
-them; new code imports ``vgrpo_platform.training.iteration.optimizer``.
-"""
+import warnings
 
 from vgrpo_platform.training.iteration.optimizer import lr_factor
+
+warnings.warn(
+    "vgrpo_platform.lr_schedule is deprecated; import lr_factor from "
+    "vgrpo_platform.training.iteration.optimizer",
+    DeprecationWarning,
+    stacklevel=2,
+)
 
 __all__ = ["lr_factor"]

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
+    from vgrpo_platform.noise_schedules import RectifiedFlowSchedule
     from vgrpo_platform.protocols import Conditioning, SamplerSpec
-    from vgrpo_platform.schedules import RectifiedFlowSchedule
 
 CallHook = Callable[[torch.nn.Module, str], AbstractContextManager[Any]]
 """Entered around each call of the module with the call's branch name (``"cond"``, ``"uncond"``), e.g. a
@@ -170,7 +170,7 @@ class CoreCalledAdapter:
 
     def sample(self, noise: torch.Tensor, cond: Conditioning, sampler: SamplerSpec) -> torch.Tensor:
         """Clean latents ``[B, *L]`` integrated from noise at t=1, without gradient."""
-        from vgrpo_platform.sampling import solve_flow_ode
+        from vgrpo_platform.ode_solvers import solve_flow_ode
 
         with torch.no_grad():
             return solve_flow_ode(

@@ -45,8 +45,8 @@ from vgrpo_rewards.shapes.world import (
     train_prompts,
 )
 
-from vgrpo_platform.lr_schedule import lr_factor as schedule_factor
 from vgrpo_platform.protocols import SamplerSpec
+from vgrpo_platform.training.iteration.optimizer import lr_factor as schedule_factor
 
 REPORT_FILE = "pretrain_report.json"
 EVAL_SAMPLER = SamplerSpec("dpmsolver++", 8)  # what the quickstart's rollouts and evals use

@@ -17,8 +17,8 @@ from vgrpo_adapters.toy import ToyAdapterConfig
 from vgrpo_adapters.toy.build import build_toy_model, is_built
 
 from vgrpo_platform.network import CoreCalledAdapter
+from vgrpo_platform.noise_schedules import RectifiedFlowSchedule
 from vgrpo_platform.protocols import BuildContext, Conditioning, Samples
-from vgrpo_platform.schedules import RectifiedFlowSchedule
 
 TIMESTEP_SCALE = 1000.0
 """SD3's transformer embeds ``timestep = 1000 t`` (the scheduler's ``sigma * num_train_timesteps``)."""

@@ -24,7 +24,7 @@ import math
 
 import torch
 
-from vgrpo_platform.schedules import expand_like
+from vgrpo_platform.noise_schedules import expand_like
 
 DEFAULT_NOISE_LEVEL = 0.7
 

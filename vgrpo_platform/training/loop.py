@@ -1,5 +1,8 @@
 """The V-GRPO training loop, top to bottom: rollout, score, advantages, surrogate, update, log, checkpoint.
 
+``Trainer.run`` is the run (evaluate, iterate, checkpoint, export); ``Trainer.iterate`` is one iteration,
+whose steps are the methods after it in the order it calls them, each built on ``training/iteration/``.
+
 How it departs from textbook GRPO (see docs/concepts.md):
 - The whole denoising chain is one action. Rollouts use any ODE sampler and record no per-step
   log-probs; the policy likelihood is the surrogate's business (``-L_hat`` for V-GRPO), computed on
@@ -9,17 +12,18 @@ How it departs from textbook GRPO (see docs/concepts.md):
 - An iteration's batch is split into ``train.gradient_steps_per_iteration`` mini-batches, one
   optimiser step each; with one step the update is fully on-policy (ratio exactly 1).
 - Each mini-batch is accumulated over micro-batches weighted by their size, so the gradient equals
-  the full mini-batch's whatever ``micro_batch_size`` is (``update.py``).
+  the full mini-batch's whatever ``micro_batch_size`` is (``iteration/update.py``).
 - Ctrl-C or SIGTERM finish the current iteration, save a checkpoint and exit; ``--resume`` continues
   from the newest complete checkpoint with the same RNG and prompt-sampler state.
 - With ``train.ema_decay`` a moving average of the weights is what evaluations, grids and the
-  exported model see; the optimiser, rollouts and the surrogate keep the raw weights (``ema.py``).
-- Evaluations (``evaluation.py``, shared with ``vgrpo eval``) also score the ``[[eval.rewards]]`` and
+  exported model see; the optimiser, rollouts and the surrogate keep the raw weights (``iteration/ema.py``).
+- Evaluations (``observe/evaluation.py``, shared with ``vgrpo eval``) also score the ``[[eval.rewards]]`` and
   each prompt's sample diversity; ``[eval.monitor]`` stops the run with a checkpoint when the reward
-  rises while one of them falls (``monitor.py``). ``log.trackers`` mirror ``metrics.jsonl`` and the
-  grids to TensorBoard / W&B / MLflow through accelerate (``tracking.py``).
-- A fault (``faults.py``) follows ``train.on_fault``, in an iteration or in an evaluation: "stop"
-  saves an exact checkpoint (``run_state.py``) and raises a one-line error, "skip" logs the skip and goes on.
+  rises while one of them falls (``observe/monitor.py``). ``log.trackers`` mirror ``metrics.jsonl`` and the
+  grids to TensorBoard / W&B / MLflow through accelerate (``observe/tracking.py``).
+- A fault (``recovery/faults.py``) follows ``train.on_fault``, in an iteration or in an evaluation:
+  "stop" saves an exact checkpoint (``recovery/run_state.py``) and raises a one-line error, "skip" logs
+  the skip and goes on.
 - Under ``accelerate launch`` / ``torchrun`` each process rolls out a contiguous block of whole prompt
   groups; rewards are gathered, so advantages and metrics see the global batch, and the random draws
   are made for the global batch on every rank (``parallel/data_parallel.py``): N processes equal one process.
@@ -58,7 +62,7 @@ from vgrpo_platform.training.recovery import faults
 from vgrpo_platform.training.recovery.fault_policy import FaultPolicy
 from vgrpo_platform.training.recovery.interrupts import StopFlag
 from vgrpo_platform.training.recovery.run_state import LoopState, RunState, check_run_dir
-from vgrpo_platform.training.session import Session, build_session, resolve_device, run_dir_of
+from vgrpo_platform.training.session import Session, build_session, fingerprint, resolve_device, run_dir_of
 
 
 @dataclass
@@ -124,7 +128,7 @@ class Trainer:
         self.scorer = build_scorer(
             recipe.scoring,
             self.session,
-            resolved,
+            (resolved.rewards, resolved.eval_rewards),
             replace(context, device=torch.device(recipe.scoring.device or self.device)),
             offload_device=self.reward_device,
             on_restart=self.notices.append,
@@ -136,7 +140,15 @@ class Trainer:
         self.update = PolicyUpdate(self.session, t, self.accelerator, self.loop.shuffle_rng)
         self.optimizer, self.average = self.update.optimizer, self.update.average
         self.source = self._rollout_source(resolved, context)
-        self.state = RunState(self.run_dir, recipe, self.accelerator, self.session, self.update, self.loop)
+        self.state = RunState(
+            self.run_dir,
+            fingerprint(recipe),
+            recipe.log.keep_last,
+            self.accelerator,
+            self.session,
+            self.update,
+            self.loop,
+        )
         self.on_fault = FaultPolicy(t, self.state, self._write)
         self.start_iteration = 0
         self.elapsed = 0.0  # seconds of training before this process (resumed runs)

@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 from vgrpo_platform.network import CoreCalledAdapter
+from vgrpo_platform.noise_schedules import RectifiedFlowSchedule
 from vgrpo_platform.protocols import BuildContext, Conditioning, Samples
-from vgrpo_platform.schedules import RectifiedFlowSchedule
 
 PROMPT_DIM = 32  # width of the prompt embedding
 TIME_FEATURES = 8  # sin/cos pairs of the timestep embedding

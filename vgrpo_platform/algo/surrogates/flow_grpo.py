@@ -31,7 +31,7 @@ from vgrpo_platform.protocols import Adapter, Conditioning, RolloutBatch, Sample
 def euler_grid(
     adapter: Adapter, steps: int, device: torch.device | str, dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
-    """``[T+1]`` times from 1 to 0: the shifted Euler grid of ``vgrpo_platform.sampling``."""
+    """``[T+1]`` times from 1 to 0: the shifted Euler grid of ``vgrpo_platform.ode_solvers``."""
     u = torch.linspace(1.0, 0.0, steps + 1, dtype=torch.float64)
     return adapter.schedule.warp(u).to(device=device, dtype=dtype)
 

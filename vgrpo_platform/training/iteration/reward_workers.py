@@ -273,7 +273,8 @@ class ProcessScorer(Scorer):
 def build_scorer(
     scoring: Any,  # config.schema.ScoringSection
     session: Any,  # session.Session: the inline rewards
-    resolved: Any,  # recipe.ResolvedRecipe: what a worker rebuilds
+    refs: tuple[Sequence[Any], Sequence[Any]],  # the rewards' and eval-only rewards' references: a worker
+    # rebuilds them from these
     context: BuildContext,  # the worker's (its device is scoring.device or the run's)
     *,
     offload_device: torch.device | None,
@@ -285,8 +286,7 @@ def build_scorer(
             session.rewards, session.eval_rewards, offload_device=offload_device, overlap=scoring.overlap
         )
     return ProcessScorer(
-        resolved.rewards,
-        resolved.eval_rewards,
+        *refs,
         context=context,
         overlap=scoring.overlap,
         max_restarts=scoring.max_restarts,

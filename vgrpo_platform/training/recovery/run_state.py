@@ -24,10 +24,8 @@ from vgrpo_platform.training.recovery.checkpoint import (
     list_checkpoints,
     save_checkpoint,
 )
-from vgrpo_platform.training.session import fingerprint
 
 if TYPE_CHECKING:
-    from vgrpo_platform.config.schema import Recipe
     from vgrpo_platform.training.iteration.update import PolicyUpdate
     from vgrpo_platform.training.session import Session
 
@@ -91,7 +89,7 @@ class LoopState:
 class Resumed:
     """Where a resumed run goes on: after ``iteration``, with ``elapsed`` seconds behind it.
 
-    ``eval_pending``: the evaluation of ``iteration`` failed and is still to do (``faults.py``).
+    ``eval_pending``: the evaluation of ``iteration`` failed and is still to do (``fault_policy.py``).
     """
 
     iteration: int
@@ -104,7 +102,8 @@ class RunState:
     """Everything a checkpoint holds; every rank gathers it, the main process writes it."""
 
     run_dir: Path
-    recipe: Recipe
+    fingerprint: str  # what a checkpoint's weights must fit (``session.fingerprint`` of the recipe)
+    keep_last: int  # log.keep_last: older checkpoints are deleted
     accelerator: Any
     session: Session  # its trainable weights, by name
     update: PolicyUpdate  # the optimiser, its learning-rate schedule, the moving average
@@ -126,12 +125,12 @@ class RunState:
                 optimizer={"optimizer": optimizer, "lr_schedule": update.lr_schedule.state_dict()},
                 rng=loop["rng"],
                 state={
-                    "fingerprint": fingerprint(self.recipe),
+                    "fingerprint": self.fingerprint,
                     "prompt_sampler": loop["prompts"],
                     "elapsed_seconds": elapsed,
                     **({"eval_pending": eval_pending} if eval_pending is not None else {}),
                 },
-                keep_last=self.recipe.log.keep_last,
+                keep_last=self.keep_last,
                 averaged=averaged,
             )
         self.accelerator.wait_for_everyone()
@@ -148,7 +147,7 @@ class RunState:
                 f"--resume found no complete checkpoint in {self.run_dir / 'checkpoints'}; "
                 "run without --resume"
             )
-        if ckpt.state.get("fingerprint") != fingerprint(self.recipe):
+        if ckpt.state.get("fingerprint") != self.fingerprint:
             raise CheckpointError(
                 f"checkpoint {ckpt.path} was written for a different model or LoRA setup than this recipe; "
                 "resume with the recipe that started the run, or choose another run.name"
