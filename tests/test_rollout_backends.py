@@ -1,5 +1,6 @@
-"""Rollout backends: the exact default keeps its numbers, lossy and overlapped backends run, are measured,
-and are refused with the surrogates whose ratio is the sampler's own log-probability."""
+"""Rollout backends: lossy and overlapped backends run, are measured, and are refused with the surrogates
+whose ratio is the sampler's own log-probability (that the exact default keeps its numbers is
+tests/test_behaviour_record.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from in_process_records import RECORD, comparable, machine, run
 from typer.testing import CliRunner
 
 from vgrpo_platform.cli.app import app
@@ -22,25 +22,6 @@ from vgrpo_platform.training.observe.metrics import read_metrics
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "recipes" / "toy.toml"
 MDP_FAMILY = ["flow_grpo", "dance_grpo", "flow_grpo_fast"]
-
-
-# ------------------------------------------------------------------------------ in_process: the same bits
-@pytest.mark.parametrize("name", ["toy", "quickstart"])
-def test_in_process_gives_the_metrics_recorded_before_the_backends_existed(name, tmp_path):
-    import json
-
-    record = json.loads(RECORD.read_text())
-    got = comparable(run(name, tmp_path) / "metrics.jsonl")
-    expected = record["runs"][name]
-    assert [r["kind"] for r in got] == [r["kind"] for r in expected]
-    if record["machine"] == machine():
-        assert got == expected  # to the bit, every record
-        return
-    # another CPU's kernels: the first iteration's numbers agree closely, later ones drift apart
-    first = next(i for i, r in enumerate(expected) if r["kind"] == "train")
-    for key, value in expected[first].items():
-        if isinstance(value, float):
-            assert math.isclose(got[first][key], value, rel_tol=1e-3, abs_tol=1e-5), key
 
 
 # ------------------------------------------------------------------------------ refused combinations

@@ -150,29 +150,32 @@ class Trainer:
             self.loop,
         )
         self.on_fault = FaultPolicy(t, self.state, self._write)
+        self.t_start = 0.0  # set by run(): perf_counter() of a training start with no time behind it
+        self.diagnostics_seconds = 0.0  # spent on log.diagnostics_every in this process, not in wall_seconds
+        self.resumed = resume
+        self._restore_or_start(resume)
+
+    def _restore_or_start(self, resume: bool) -> None:
+        """Where the run starts (a checkpoint under ``--resume``), and its metrics file and monitor
+        history (the evaluations before a checkpoint count for ``[eval.monitor]``'s patience)."""
         self.start_iteration = 0
         self.elapsed = 0.0  # seconds of training before this process (resumed runs)
-        self.t_start = 0.0  # set by run(): perf_counter() of a training start with no time behind it
-        # set by --resume from a checkpoint whose evaluation failed (faults.py): {"wall_seconds": ...}
+        # set by --resume from a checkpoint whose evaluation failed (fault_policy.py): {"wall_seconds": ...}
         self.eval_pending: dict | None = None
-        self.diagnostics_seconds = 0.0  # spent on log.diagnostics_every in this process, not in wall_seconds
         if resume:
             resumed = self.state.restore()
             self.start_iteration, self.elapsed = resumed.iteration, resumed.elapsed
             self.eval_pending = resumed.eval_pending
-        main = self.accelerator.is_main_process
-        if main:
-            save_resolved(resolved, self.run_dir)
-        self.resumed = resume
         self.metrics = None  # only the main process writes
         history: list[dict] = []  # the evaluation records the monitor judges (main process)
-        if main:
+        if self.accelerator.is_main_process:
+            save_resolved(self.resolved, self.run_dir)
             self.metrics = MetricsWriter(
                 self.run_dir / "metrics.jsonl", resume_after=self.start_iteration if resume else None
             )
-            if resume:  # the evaluations before the checkpoint count for [eval.monitor]'s patience
+            if resume:
                 history = [r for r in read_metrics(self.metrics.path) if r.get("kind") == "eval"]
-        self.watch = Watch(recipe.eval.monitor, self.accelerator, history)
+        self.watch = Watch(self.recipe.eval.monitor, self.accelerator, history)
 
     def _rollout_source(self, resolved, context: BuildContext) -> RolloutSource:  # noqa: ANN001
         """``[rollout] backend``: built here, started on the session's adapter and trainable weights."""
