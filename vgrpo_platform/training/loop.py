@@ -40,7 +40,7 @@ from vgrpo_platform.errors import RecipeError, RewardError, VgrpoError
 from vgrpo_platform.network import denoiser_call_of
 from vgrpo_platform.parallel import data_parallel as dp
 from vgrpo_platform.parallel import sharded_state
-from vgrpo_platform.protocols import BuildContext, RolloutBatch, SamplerSpec
+from vgrpo_platform.protocols import BatchState, BuildContext, RolloutBatch, SamplerSpec
 from vgrpo_platform.rollout_backends.in_process import InProcessBackend
 from vgrpo_platform.training import faults
 from vgrpo_platform.training.ema import served
@@ -314,7 +314,7 @@ class Trainer:
             sample_chunk, rollout_info, generating = self.source.sampler_for(
                 plan, sampler, iteration, chunk, pending
             )
-            latents, samples, rollout_extras = roll_out(
+            latents, samples, rollout_state = roll_out(
                 adapter,
                 plan,
                 sampler=sampler,
@@ -373,8 +373,9 @@ class Trainer:
             rewards=total_reward[mine].to(self.device),
             reward_terms={k: v[mine].to(self.device) for k, v in terms.items()},
             advantages=advantages[mine].to(self.device),
-            extras=rollout_extras,
+            extras=rollout_state if isinstance(rollout_state, dict) else {},  # deprecated dict rollouts
             rows=dp.RowsOf(all_ids.to(self.device), first_row) if self.shard.world > 1 else None,
+            state=rollout_state if isinstance(rollout_state, BatchState) else None,
         )
         session.surrogate.samples_on_policy = generating is None
         with (  # the old policy's forwards (the weights that generated the batch), a micro-batch at a time
