@@ -272,9 +272,9 @@ def one_iteration(
     t0 = time.perf_counter()
     with _autocast(device, setting.dtype):
         if surrogate.owns_rollout:  # every SurrogateBase has rollout(); only these sample with it
-            latents, extras = surrogate.rollout(adapter, noise, cond, sampler, generator)
+            latents, state = surrogate.rollout(adapter, noise, cond, sampler, generator)
         else:
-            latents, extras = adapter.sample(noise, cond, sampler), {}
+            latents, state = adapter.sample(noise, cond, sampler), None
     _sync(device)
     t1 = time.perf_counter()
     rollout_gb = _peak_gb(device)
@@ -287,7 +287,7 @@ def one_iteration(
         latents=latents,
         rewards=torch.randn(b, generator=generator).to(device),
         advantages=torch.randn(b, generator=generator).to(device),
-        extras=extras,
+        state=state,
     )
     with _autocast(device, setting.dtype):
         with adapter.network.rows_at_most(setting.micro_batch):

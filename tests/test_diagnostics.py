@@ -95,16 +95,16 @@ def test_measure_surrogate_equals_a_hand_written_re_estimation(config, planned):
     got = measure_surrogate(
         surrogate, batch, adapter, torch.Generator().manual_seed(7), repeats=3, grad_samples=4
     )
-    assert batch.extras == {}  # the batch itself is untouched
+    assert batch.state is None and batch.extras == {}  # the batch itself is untouched
     assert surrogate.gradient_steps == planned  # the trainer's plan is restored
     # independent: the same three pair draws, the surrogate and its gradients written out
     gen = torch.Generator().manual_seed(7)
     params = list(adapter.denoiser.parameters())
     values, norms = [], []
     for r in range(3):
-        copy = RolloutBatch(**{**batch.__dict__, "extras": {}})
+        copy = RolloutBatch(**{**batch.__dict__, "state": None})
         surrogate.prepare(copy, adapter, gen)  # only used for its (t, eps) draws
-        t, eps = copy.extras["t"], copy.extras["eps"]
+        t, eps = copy.state.t, copy.state.eps
         row = []
         for i in range(b):
             cond = {"emb": batch.cond["emb"][i : i + 1]}

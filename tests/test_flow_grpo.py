@@ -93,7 +93,7 @@ def make_batch(
     b = 4
     cond = {"emb": torch.randn(b, 2, generator=g, dtype=DT)}
     noise = torch.randn(b, 2, 3, generator=g, dtype=DT)
-    latents, extras = surrogate.rollout(adapter, noise, cond, SamplerSpec("euler", steps), g)
+    latents, state = surrogate.rollout(adapter, noise, cond, SamplerSpec("euler", steps), g)
     return RolloutBatch(
         prompts=["p"] * b,
         group_ids=torch.tensor([0, 0, 1, 1]),
@@ -101,7 +101,7 @@ def make_batch(
         latents=latents,
         rewards=torch.zeros(b, dtype=DT),
         advantages=torch.tensor([1.5, -0.5, 7.0, -2.0], dtype=DT),
-        extras=extras,
+        state=state,
     )
 
 
@@ -109,7 +109,7 @@ def test_rollout_records_a_trajectory_whose_log_probs_are_the_step_gaussians():
     adapter = TinyAdapter()
     surrogate = FlowGRPOSurrogate(FlowGRPOConfig(kl_beta=0.0))
     batch = make_batch(adapter, surrogate)
-    traj, grid, old = batch.extras["trajectory"], batch.extras["timesteps"], batch.extras["old_log_prob"]
+    traj, grid, old = batch.state.trajectory, batch.state.timesteps, batch.state.old_log_prob
     assert traj.shape == (4, 5, 2, 3) and old.shape == (4, 4) and torch.equal(traj[:, -1], batch.latents)
     assert torch.allclose(grid[0], euler_grid(adapter, 4, "cpu").to(grid.dtype))
     with torch.no_grad():
@@ -143,7 +143,7 @@ def test_on_policy_ratio_is_exactly_one_and_the_gradient_is_the_per_step_policy_
     params = list(adapter.denoiser.parameters())
     got = torch.autograd.grad(loss, params)
     # independent: -mean_{i,j} clamp(A_i) log N(x_{j+1}; mu_theta, std) with torch.distributions
-    traj, grid = batch.extras["trajectory"], batch.extras["timesteps"].to(DT)
+    traj, grid = batch.state.trajectory, batch.state.timesteps.to(DT)
     adv = batch.advantages.clamp(-5, 5)
     total = 0.0
     for j in range(4):
@@ -169,7 +169,7 @@ def test_kl_term_equals_the_gaussian_kl_to_the_reference():
     ref_adapter = TinyAdapter()  # same seed: the initial weights
     surrogate.prepare(batch, adapter, torch.Generator())
     _, metrics = surrogate.loss(batch, adapter)
-    traj, grid = batch.extras["trajectory"], batch.extras["timesteps"].to(DT)
+    traj, grid = batch.state.trajectory, batch.state.timesteps.to(DT)
     kls = []
     with torch.no_grad():
         for j in range(4):
@@ -198,15 +198,15 @@ def test_mixgrpo_window_moves_and_only_window_steps_are_stochastic_and_trained()
     surrogate = FlowGRPOSurrogate(cfg)
     surrogate.begin_iteration(5)  # window = steps 2, 3, 4
     a, b = make_batch(adapter, surrogate, steps=6, seed=0), make_batch(adapter, surrogate, steps=6, seed=0)
-    assert torch.equal(a.extras["trajectory"], b.extras["trajectory"])  # same seed, same rollout
+    assert torch.equal(a.state.trajectory, b.state.trajectory)  # same seed, same rollout
     g = torch.Generator().manual_seed(9)
-    noise, cond = a.extras["trajectory"][:, 0], a.cond
+    noise, cond = a.state.trajectory[:, 0], a.cond
     _, other = surrogate.rollout(adapter, noise, cond, SamplerSpec("euler", 6), g)
-    ta, tb = a.extras["trajectory"], other["trajectory"]
+    ta, tb = a.state.trajectory, other.trajectory
     assert torch.equal(ta[:, :3], tb[:, :3])  # ODE steps 0, 1 ignore the step noise
     assert not torch.allclose(ta[:, 3], tb[:, 3])  # step 2 is an SDE step
-    assert a.extras["sde_mask"][0].tolist() == [0, 0, 1, 1, 1, 0]
-    assert torch.all(a.extras["old_log_prob"][:, [0, 1, 5]] == 0)
+    assert a.state.sde_mask[0].tolist() == [0, 0, 1, 1, 1, 0]
+    assert torch.all(a.state.old_log_prob[:, [0, 1, 5]] == 0)
     _, metrics = surrogate.loss(a, adapter)
     assert metrics["sde_steps"] == 3.0
 
@@ -245,7 +245,7 @@ def test_dance_grpo_step_is_its_flux_step_and_its_rollout_log_probs_are_those_ga
     surrogate = FlowGRPOSurrogate(DanceGRPOConfig())
     assert surrogate.config.noise_level == 0.3 and surrogate.initial_noise == "group"
     batch = make_batch(adapter, surrogate, steps=5)
-    traj, grid, old = batch.extras["trajectory"], batch.extras["timesteps"], batch.extras["old_log_prob"]
+    traj, grid, old = batch.state.trajectory, batch.state.timesteps, batch.state.old_log_prob
     with torch.no_grad():
         for j in range(5):
             sigma, sigma_next = float(grid[0, j]), float(grid[0, j + 1])
@@ -263,7 +263,7 @@ def test_dance_grpo_trains_a_random_subset_of_the_steps_but_the_last_per_sample(
     surrogate = FlowGRPOSurrogate(DanceGRPOConfig())
     batch = make_batch(adapter, surrogate, steps=steps)
     surrogate.prepare(batch, adapter, torch.Generator().manual_seed(3))
-    mask = batch.extras["train_mask"] > 0  # [4, 11]
+    mask = batch.state.train_mask > 0  # [4, 11]
     assert mask.sum(dim=1).tolist() == [6] * 4  # int(0.6 * 10): DanceGRPO's int(len(steps) * fraction)
     assert not mask[:, -1].any()  # the last step is never trained
     assert len({tuple(row.tolist()) for row in mask}) > 1  # each sample draws its own subset
@@ -290,8 +290,8 @@ def test_dance_grpo_gradient_is_the_mean_over_each_samples_own_steps():
     params = list(adapter.denoiser.parameters())
     got = torch.autograd.grad(loss, params)
     # independent: DanceGRPO's loop, one sample at a time, loss / train_timesteps summed over its steps
-    traj, grid = batch.extras["trajectory"], batch.extras["timesteps"].to(DT)
-    mask = batch.extras["train_mask"] > 0
+    traj, grid = batch.state.trajectory, batch.state.timesteps.to(DT)
+    mask = batch.state.train_mask > 0
     adv = batch.advantages.clamp(-5, 5)
     total = 0.0
     for i in range(4):
@@ -369,8 +369,8 @@ def test_flow_grpo_fast_branches_once_per_iteration_at_a_uniform_early_step():
     surrogate.begin_iteration(1)
     a = make_batch(adapter, surrogate, steps=8, seed=1)
     b = make_batch(adapter, surrogate, steps=8, seed=2)
-    assert torch.equal(a.extras["sde_mask"], b.extras["sde_mask"])  # one branch per iteration
-    (window,) = {tuple(torch.nonzero(row).flatten().tolist()) for row in a.extras["sde_mask"]}
+    assert torch.equal(a.state.sde_mask, b.state.sde_mask)  # one branch per iteration
+    (window,) = {tuple(torch.nonzero(row).flatten().tolist()) for row in a.state.sde_mask}
     assert len(window) == 2 and window[0] <= 2 and window[1] == window[0] + 1  # inside the first half
     surrogate.prepare(a, adapter, torch.Generator())
     _, metrics = surrogate.loss(a, adapter)
@@ -378,7 +378,7 @@ def test_flow_grpo_fast_branches_once_per_iteration_at_a_uniform_early_step():
     seen = set()
     for it in range(2, 40):
         surrogate.begin_iteration(it)
-        seen.add(int(make_batch(adapter, surrogate, steps=8, seed=it).extras["sde_mask"][0].argmax()))
+        seen.add(int(make_batch(adapter, surrogate, steps=8, seed=it).state.sde_mask[0].argmax()))
     assert seen == {0, 1, 2}  # a new branch each iteration: every start in [0, 8 // 2 - 2]
 
 
@@ -388,8 +388,8 @@ def test_flow_grpo_leaves_the_last_step_out_when_asked_and_masks_its_kl_too():
     surrogate = FlowGRPOSurrogate(FlowGRPOConfig(train_last_step=False, kl_beta=0.5))
     batch = make_batch(adapter, surrogate)
     surrogate.prepare(batch, adapter, torch.Generator())
-    assert batch.extras["train_mask"][0].tolist() == [1, 1, 1, 0]
-    assert torch.all(batch.extras["ref_mean"][:, 3] == 0)  # no reference forward on the untrained step
+    assert batch.state.train_mask[0].tolist() == [1, 1, 1, 0]
+    assert torch.all(batch.state.ref_mean[:, 3] == 0)  # no reference forward on the untrained step
     _, metrics = surrogate.loss(batch, adapter)
     assert metrics["sde_steps"] == 3.0
 

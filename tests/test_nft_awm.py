@@ -41,7 +41,7 @@ def grads(loss: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
 def per_pair(adapter: TinyAdapter, batch: RolloutBatch) -> Iterator[tuple]:
     """Each sample ``i`` and each of its timestep pairs, one at a time: ``(i, t, x0, eps, z, cond, v)`` with
     ``z = (1 - t) x0 + t eps`` and ``v`` the adapter's velocity at ``(z, t)``, for the written-out losses."""
-    t, eps = batch.extras["t"], batch.extras["eps"]
+    t, eps = batch.state.t, batch.state.eps
     b, k = t.shape
     for i in range(b):
         x0, cond = batch.latents[i], {"emb": batch.cond["emb"][i : i + 1]}
@@ -56,7 +56,7 @@ def manual_fm(
 ):
     """``mean_{i,k} w_i l_ik`` written out per sample and pair; ``l`` self-normalised x-space or plain FM."""
     total = 0.0
-    b, k = batch.extras["t"].shape
+    b, k = batch.state.t.shape
     for i, tj, x0, eps, z, _, v in per_pair(adapter, batch):
         if space == "velocity":
             err = (v - (eps - x0)) ** 2
@@ -133,7 +133,7 @@ def test_nft_ema_old_policy_follows_the_decay_schedule_and_is_used_by_the_loss()
         assert torch.allclose(adapter.denoiser.weight, want_old)
     assert torch.equal(adapter.denoiser.weight.detach(), current)
     _, metrics = surrogate.loss(batch, adapter)
-    t, eps, x0 = batch.extras["t"], batch.extras["eps"], batch.latents
+    t, eps, x0 = batch.state.t, batch.state.eps, batch.latents
     dev = []
     with torch.no_grad():
         old = TinyAdapter(shift=1.0)
@@ -149,7 +149,7 @@ def test_awm_shares_stratified_timesteps_in_a_group_but_not_the_noise():
     adapter = TinyAdapter(shift=1.0)
     batch = make_batch([1.0, -1.0, 0.5, -0.5], group_ids=[0, 0, 1, 1])
     AWMSurrogate(AWMConfig(n_mc=4)).prepare(batch, adapter, torch.Generator().manual_seed(4))
-    t, eps = batch.extras["t"], batch.extras["eps"]
+    t, eps = batch.state.t, batch.state.eps
     assert torch.equal(t[0], t[1]) and torch.equal(t[2], t[3]) and not torch.equal(t[0], t[2])
     strata = torch.arange(4, dtype=DT)
     assert torch.all((t >= strata / 4 - 1e-3) & (t <= (strata + 1) / 4 + 1e-3))  # one per stratum (shift 1)
@@ -170,7 +170,7 @@ def test_awm_on_policy_is_advantage_weighted_flow_matching(space, ratio_mode):
     want = manual_fm(adapter, batch, torch.tensor(advantages, dtype=DT), normalised=False, space=space)
     assert torch.allclose(grads(loss, adapter.denoiser), grads(want, adapter.denoiser), rtol=1e-8, atol=1e-12)
     fm = manual_fm(adapter, batch, torch.ones(4, dtype=DT) * 4 / 4, normalised=False, space=space)
-    assert float(batch.extras["old_loss"].mean()) == pytest.approx(float(fm.detach()), rel=1e-9)
+    assert float(batch.state.old_loss.mean()) == pytest.approx(float(fm.detach()), rel=1e-9)
 
 
 def tiny_toy_run(tmp_path: Path, surrogate: str, *overrides: str) -> tuple[list[dict], object]:
@@ -261,7 +261,7 @@ def test_awm_grid_timesteps_follow_the_authors_stratified_discrete_rule():
     from vgrpo_platform.algo.surrogates.plugin import AWMAuthorsConfig
 
     AWMSurrogate(AWMAuthorsConfig()).prepare(batch, adapter, torch.Generator().manual_seed(1))
-    t = batch.extras["t"]
+    t = batch.state.t
     assert t.shape == (4, 6) and float(t.max()) <= 1.0 and float(t.min()) >= 0.357 - 1e-3
     assert not torch.equal(t[0], t[1])  # pair_scope 'sample': AWM shares only inside a shuffled micro-batch
 
@@ -269,7 +269,7 @@ def test_awm_grid_timesteps_follow_the_authors_stratified_discrete_rule():
 def authors_loss(adapter, batch, cfg, ref: TinyAdapter, ema: TinyAdapter):  # noqa: ANN001, ANN201
     """AWM's loss on-policy written out per sample and pair in velocity space (ratio 1, exp_first)."""
     adv = batch.advantages.clamp(-5, 5) / 5
-    b, k = batch.extras["t"].shape
+    b, k = batch.state.t.shape
     total = 0.0
     for i, tj, x0, eps, z, cond, v in per_pair(adapter, batch):
         with torch.no_grad():

@@ -9,7 +9,7 @@ import pytest
 
 PINNED = {
     "vgrpo_platform.protocols": [
-        "Adapter", "BuildContext", "NoiseSchedule", "ReferencePolicy", "Reward", "RolloutBatch",
+        "Adapter", "BatchState", "BuildContext", "NoiseSchedule", "ReferencePolicy", "Reward", "RolloutBatch",
         "SamplerSpec", "Samples", "Surrogate", "SurrogateBase",
     ],
     "vgrpo_platform.hookspecs": [

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import subprocess
 import sys
-import types
 
 import pytest
 import torch
 from tiny_models import DT
 from tiny_models import LinearVelocityAdapter as TinyAdapter
 
+from vgrpo_platform.algo.surrogates import vgrpo as vgrpo_module
 from vgrpo_platform.algo.surrogates.elbo import pair_loss
 from vgrpo_platform.algo.surrogates.plugin import NaiveELBOConfig, VGRPOConfig, register_surrogates
 from vgrpo_platform.algo.surrogates.vgrpo import VGRPOSurrogate
@@ -46,6 +47,11 @@ def flat_grad(loss: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
     return torch.cat([gr.flatten() for gr in grads])
 
 
+def fields_set(state: object) -> set[str]:
+    """The names of a prepared state's fields that hold a tensor (None = not written)."""
+    return {f.name for f in dataclasses.fields(state) if getattr(state, f.name) is not None}
+
+
 def finite_difference(fn, module: torch.nn.Module, h: float = 1e-6) -> torch.Tensor:  # noqa: ANN001
     """Central differences of the scalar ``fn()`` w.r.t. every parameter element of ``module``."""
     out = []
@@ -70,7 +76,7 @@ def manual_loss(adapter: TinyAdapter, batch: RolloutBatch, cfg: VGRPOConfig, den
     stop-gradient means); ``None`` = recomputed from the current parameters.
     Returns ``(loss, denominators_used)``.
     """
-    t, eps = batch.extras["t"], batch.extras["eps"]
+    t, eps = batch.state.t, batch.state.eps
     b, k = t.shape
     total_obj, total_kl, used = 0.0, 0.0, []
     for i in range(b):
@@ -92,10 +98,10 @@ def manual_loss(adapter: TinyAdapter, batch: RolloutBatch, cfg: VGRPOConfig, den
             else:
                 losses.append(mse)
             if cfg.kl_beta > 0:
-                kl_i = kl_i + ((x_hat - batch.extras["old_x0"][i, j]) ** 2).mean() / k
+                kl_i = kl_i + ((x_hat - batch.state.old_x0[i, j]) ** 2).mean() / k
         used.append(row)
         new = sum(losses) / k
-        rho = torch.exp(batch.extras["old_loss"][i] - new)
+        rho = torch.exp(batch.state.old_loss[i] - new)
         a = batch.advantages[i]
         if cfg.clip_range is None:
             obj = rho * a
@@ -115,15 +121,15 @@ def test_satisfies_the_protocol_and_prepare_stores_shapes() -> None:
     sur = VGRPOSurrogate(VGRPOConfig(n_mc=3, kl_beta=0.1))
     assert isinstance(sur, Surrogate)
     sur.prepare(batch, adapter, torch.Generator().manual_seed(0))
-    assert batch.extras["t"].shape == (8, 3)
-    assert batch.extras["eps"].shape == (8, 3, 2, 3)
-    assert batch.extras["old_loss"].shape == (8,)
-    assert batch.extras["old_x0"].shape == (8, 3, 2, 3)
-    assert "ref_x0" not in batch.extras
-    assert not batch.extras["old_loss"].requires_grad
-    t = batch.extras["t"]
+    assert batch.state.t.shape == (8, 3)
+    assert batch.state.eps.shape == (8, 3, 2, 3)
+    assert batch.state.old_loss.shape == (8,)
+    assert batch.state.old_x0.shape == (8, 3, 2, 3)
+    assert batch.state.ref_x0 is None
+    assert not batch.state.old_loss.requires_grad
+    t = batch.state.t
     assert torch.equal(t[0], t[2]) and torch.equal(t[3], t[5]) and not torch.equal(t[0], t[3])
-    assert "old_x0" not in _prepared(VGRPOConfig(kl_beta=0.0)).extras
+    assert _prepared(VGRPOConfig(kl_beta=0.0)).state.old_x0 is None
 
 
 def _prepared(cfg: VGRPOConfig, groups: list[int] = GROUPS, seed: int = 0) -> RolloutBatch:
@@ -135,8 +141,8 @@ def _prepared(cfg: VGRPOConfig, groups: list[int] = GROUPS, seed: int = 0) -> Ro
 
 def test_naive_config_draws_independent_unstratified_pairs() -> None:
     batch = _prepared(NaiveELBOConfig(), groups=[0] * 64)
-    t = batch.extras["t"]
-    assert not torch.equal(t[0], t[1]) and not torch.equal(batch.extras["eps"][0], batch.extras["eps"][1])
+    t = batch.state.t
+    assert not torch.equal(t[0], t[1]) and not torch.equal(batch.state.eps[0], batch.state.eps[1])
     assert float(t[:, 0].max()) > 0.5  # i.i.d.: the first column is not confined to the lowest stratum
 
 
@@ -207,9 +213,9 @@ def test_fully_clipped_batch_has_zero_gradient_and_clip_metric() -> None:
     perturb(adapter.denoiser)
     moved = make_batch(adapter, GROUPS)  # same pairs (same seed), surrogate at the moved parameters
     sur.prepare(moved, adapter, torch.Generator().manual_seed(0))
-    assert torch.equal(moved.extras["eps"], batch.extras["eps"])
-    new = moved.extras["old_loss"]
-    log_rho = batch.extras["old_loss"] - new
+    assert torch.equal(moved.state.eps, batch.state.eps)
+    new = moved.state.old_loss
+    log_rho = batch.state.old_loss - new
     assert torch.all(log_rho.abs() > 1e-5)
     # half the samples pushed further out of the trust region (clipped), half pulled back (not)
     sign = torch.sign(log_rho)
@@ -288,12 +294,12 @@ def test_surrogate_is_unbiased_for_a_known_model(stratified: bool, scope: str) -
                 [""] * 8, torch.zeros(8, dtype=torch.long), {}, x0[8 * r : 8 * r + 8], torch.zeros(8)
             )
             sur.prepare(batch, adapter, g)
-            estimates.append(batch.extras["old_loss"])
+            estimates.append(batch.state.old_loss)
         est = torch.cat(estimates)
     else:
         batch = RolloutBatch([""] * n, torch.arange(n), {}, x0, torch.zeros(n))
         sur.prepare(batch, adapter, g)
-        est = batch.extras["old_loss"]
+        est = batch.state.old_loss
     err = est - expected
     if scope == "batch":
         err = err.view(-1, 8).mean(dim=1)  # samples within a batch are correlated: average first
@@ -323,19 +329,17 @@ def test_reference_anchor_uses_the_frozen_base_model(monkeypatch: pytest.MonkeyP
                 for p, q in zip(which.denoiser.parameters(), saved, strict=True):
                     p.copy_(q)
 
-    monkeypatch.setitem(
-        sys.modules, "vgrpo_platform.finetune", types.SimpleNamespace(reference_mode=reference_mode)
-    )
+    monkeypatch.setattr(vgrpo_module, "reference_mode", reference_mode)  # the name vgrpo.py imported
     batch = make_batch(adapter, GROUPS)
     perturb(adapter.denoiser)
     sur = VGRPOSurrogate(cfg)
     sur.prepare(batch, adapter, torch.Generator().manual_seed(0))
     assert entered == [adapter]
-    assert "ref_x0" in batch.extras and "old_x0" not in batch.extras
+    assert batch.state.ref_x0 is not None and batch.state.old_x0 is None
 
     _, metrics = sur.loss(batch, adapter)
     assert metrics["ratio_max"] == 1.0  # on-policy...
-    t, eps = batch.extras["t"], batch.extras["eps"]
+    t, eps = batch.state.t, batch.state.eps
     kl = 0.0
     with torch.no_grad():
         for i in range(len(batch)):  # ...but away from the reference: KL = mean ||x_theta - x_ref||^2
@@ -349,7 +353,7 @@ def test_reference_anchor_uses_the_frozen_base_model(monkeypatch: pytest.MonkeyP
     assert metrics["kl"] > 0
 
 
-def test_loss_requires_advantages_and_prepared_extras() -> None:
+def test_loss_requires_advantages_and_prepared_state() -> None:
     adapter = TinyAdapter()
     batch = make_batch(adapter, GROUPS)
     sur = VGRPOSurrogate()
@@ -416,9 +420,9 @@ def test_prepare_with_rows_capped_equals_the_whole_batch(kl_anchor: str) -> None
         VGRPOSurrogate(cfg).prepare(b, sliced, torch.Generator().manual_seed(0))
     assert seen and max(seen) == 3 and sum(seen) % len(GROUPS) == 0  # 8 rows -> slices of 3, 3, 2
     assert sliced.network.max_rows is None  # the cap ends with its context
-    assert a.extras.keys() == b.extras.keys()
-    for key in a.extras:
-        torch.testing.assert_close(a.extras[key], b.extras[key])
+    assert set(fields_set(a.state)) == set(fields_set(b.state))
+    for key in fields_set(a.state):
+        torch.testing.assert_close(getattr(a.state, key), getattr(b.state, key))
 
 
 @pytest.mark.parametrize("kl_beta", [0.0, 0.3])
@@ -439,7 +443,7 @@ def test_one_step_plan_skips_the_old_forward_and_gives_the_same_loss_and_gradien
         loss, metrics = sur.loss(batch, adapter)
         results[planned] = (
             prepare_calls,
-            batch.extras.keys(),
+            fields_set(batch.state),
             loss.detach(),
             metrics,
             flat_grad(loss, adapter.denoiser),
@@ -459,7 +463,7 @@ def test_a_planned_step_count_above_one_keeps_the_old_forward() -> None:
     sur = VGRPOSurrogate(VGRPOConfig(kl_beta=0.3))
     sur.plan_updates(2)  # the second step's policy is no longer the old one: old_loss must be stored
     sur.prepare(batch, adapter, torch.Generator().manual_seed(0))
-    assert {"old_loss", "old_x0"} <= set(batch.extras)
+    assert {"old_loss", "old_x0"} <= fields_set(batch.state)
     perturb(adapter.denoiser)
     _, metrics = sur.loss(batch, adapter)
     assert metrics["ratio_max"] != 1.0 and metrics["kl"] > 0

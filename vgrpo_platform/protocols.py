@@ -9,10 +9,12 @@ adapters convert it to whatever their network expects.
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, Self, TypeVar, runtime_checkable
 
 if TYPE_CHECKING:  # the entry modules of plugins import this file: keep torch out of import time
     import torch
@@ -121,6 +123,79 @@ class Reward(Protocol):
 
 
 @dataclass
+class BatchState:
+    """What a surrogate's ``prepare`` (or its own ``rollout``) hands to its ``loss``: subclass it as a
+    dataclass whose fields are batch-first tensors ``[B, ...]`` (or None where a field is off), so the
+    core can slice micro-batches and join rollout chunks without knowing the fields, and the loss reads
+    typed attributes instead of string keys. Override ``select``/``concat`` for any other field."""
+
+    def select(self, index: torch.Tensor) -> Self:
+        """The rows at ``index`` of every tensor field (a micro-batch); None stays None."""
+        return dataclasses.replace(self, **{name: value[index] for name, value in self._tensors().items()})
+
+    @classmethod
+    def concat(cls, parts: Sequence[Self]) -> Self:
+        """One state from chunks of rows (a rollout made chunk by chunk), fields joined along dim 0."""
+        import torch  # only once tensors exist: this module stays torch-free at import time
+
+        first = parts[0]
+        joined = {name: torch.cat([getattr(p, name) for p in parts]) for name in first._tensors()}
+        return dataclasses.replace(first, **joined)
+
+    def _tensors(self) -> dict[str, torch.Tensor]:
+        """The tensor fields by name; a field that is neither a tensor nor None is refused."""
+        import torch  # see ``concat``
+
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor):
+                out[f.name] = value
+            elif value is not None:
+                raise TypeError(
+                    f"{type(self).__name__}.{f.name} is a {type(value).__name__}, not a batch-first tensor "
+                    "or None: override select() and concat() to slice it"
+                )
+        return out
+
+
+StateT = TypeVar("StateT", bound=BatchState)
+
+
+class DeprecatedExtras(dict[str, "torch.Tensor"]):
+    """``RolloutBatch.extras``, kept one release for third-party surrogates: a surrogate's write or read
+    warns (use a ``BatchState`` in ``batch.state``); the core's slicing and copying do not."""
+
+    def _warn(self) -> None:
+        warnings.warn(
+            "batch.extras is deprecated and will be removed in the next release: declare a BatchState "
+            "dataclass and store it in batch.state (docs/hooks.md)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+
+    def __setitem__(self, key: str, value: torch.Tensor) -> None:
+        self._warn()
+        super().__setitem__(key, value)
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        self._warn()
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self._warn()
+        return super().get(key, default)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        self._warn()
+        super().update(*args, **kwargs)
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        self._warn()
+        return super().setdefault(key, default)
+
+
+@dataclass
 class RolloutBatch:
     """One iteration's rollouts, everything the update needs. All tensors batch-first ``[B, ...]``."""
 
@@ -131,8 +206,13 @@ class RolloutBatch:
     rewards: torch.Tensor  # [B] weighted sum of the reward terms
     reward_terms: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [B] raw scores
     advantages: torch.Tensor | None = None  # [B]
-    extras: dict[str, torch.Tensor] = field(default_factory=dict)  # surrogate-owned, [B, ...]
+    extras: dict[str, torch.Tensor] = field(default_factory=DeprecatedExtras)  # deprecated: use state
     rows: RowsOf | None = None  # a data-parallel rank's place in the global batch (None: the whole batch)
+    state: BatchState | None = None  # the surrogate's own, from its prepare() (or rollout()); [B, ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.extras, DeprecatedExtras):
+            self.extras = DeprecatedExtras(self.extras)
 
     def __len__(self) -> int:
         return int(self.latents.shape[0])
@@ -149,7 +229,20 @@ class RolloutBatch:
             reward_terms={k: v[index] for k, v in self.reward_terms.items()},
             advantages=None if self.advantages is None else self.advantages[index],
             extras={k: v[index] for k, v in self.extras.items()},
+            state=None if self.state is None else self.state.select(index),
         )
+
+    def state_as(self, kind: type[StateT], needed_by: str, written_by: str = "prepare()") -> StateT:
+        """``self.state`` as the ``kind`` its surrogate declared; a one-line error if it is missing (the
+        loss was called before ``written_by``) or of another type (another surrogate prepared it)."""
+        if self.state is None:
+            raise ValueError(f"{needed_by} needs the {kind.__name__} written by {written_by}; call it first")
+        if not isinstance(self.state, kind):
+            raise TypeError(
+                f"{needed_by} needs batch.state to be a {kind.__name__}, got {type(self.state).__name__} "
+                "(was the batch prepared by another surrogate?)"
+            )
+        return self.state
 
 
 @runtime_checkable
@@ -161,8 +254,9 @@ class Surrogate(Protocol):
     """
 
     def prepare(self, batch: RolloutBatch, adapter: Adapter, generator: torch.Generator) -> None:
-        """At rollout time, without gradient: draw what the loss needs and store the old policy's
-        statistics in ``batch.extras`` (batch-first, so micro-batching slices them)."""
+        """At rollout time, without gradient: draw what the loss needs and store it, with the old
+        policy's statistics, as the surrogate's own ``BatchState`` in ``batch.state`` (batch-first, so
+        micro-batching slices it)."""
         ...
 
     def loss(self, batch: RolloutBatch, adapter: Adapter) -> tuple[torch.Tensor, dict[str, float]]:
@@ -213,10 +307,11 @@ class SurrogateBase:
         cond: Conditioning,
         sampler: SamplerSpec,
         generator: torch.Generator,
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """With ``owns_rollout``: ``noise [B, *L]`` -> ``(clean latents [B, *L], extras)``, e.g. an SDE
+    ) -> tuple[torch.Tensor, BatchState]:
+        """With ``owns_rollout``: ``noise [B, *L]`` -> ``(clean latents [B, *L], state)``, e.g. an SDE
         recording its trajectory ``[B, T+1, *L]``, timesteps ``[B, T+1]`` and old log-probs ``[B, T]``;
-        ``extras`` (batch-first) start ``batch.extras``, so micro-batching slices them."""
+        the chunks' states are joined (``BatchState.concat``) into ``batch.state``, which ``prepare``
+        completes. A dict of tensors still works (it starts the deprecated ``batch.extras``) and warns."""
         raise NotImplementedError(f"{type(self).__name__} samples with the adapter (owns_rollout = False)")
 
 

@@ -96,7 +96,7 @@ def measure_surrogate(
 ) -> dict[str, float]:
     """Re-run ``surrogate.prepare`` ``repeats`` times on copies of ``batch`` and differentiate it.
 
-    Works for surrogates whose ``prepare`` stores the per-sample surrogate as ``extras["old_loss"]``
+    Works for surrogates whose ``prepare`` stores the per-sample surrogate as ``batch.state.old_loss``
     (``vgrpo``, ``elbo_naive``, ``awm``); returns ``{}`` for the others. The per-sample gradient is
     that of ``surrogate.loss`` on the sample alone with advantage 1, before any update: there the
     ratio is 1 and the policy term's gradient is the surrogate's own (a KL to the old policy has zero
@@ -130,11 +130,12 @@ def _measure(
     values = []
     first = None
     for _ in range(repeats):
-        copy = dataclasses.replace(batch, extras=dict(batch.extras))
+        copy = dataclasses.replace(batch, extras=dict(batch.extras))  # prepare writes its own state
         surrogate.prepare(copy, adapter, generator)
-        if "old_loss" not in copy.extras:
+        old_loss = _old_loss(copy)
+        if old_loss is None:
             return {}
-        values.append(copy.extras["old_loss"].detach())
+        values.append(old_loss.detach())
         if first is None:
             first = copy
     stacked = torch.stack(values)  # [R, B]
@@ -151,3 +152,12 @@ def _measure(
             grad_norms.append(torch.sqrt(reduce(operator.add, squares)))
     norms = torch.stack(grad_norms).cpu() if grad_norms else None
     return surrogate_diagnostics(stacked.cpu(), batch.group_ids.cpu(), norms)
+
+
+def _old_loss(batch: RolloutBatch) -> torch.Tensor | None:
+    """The per-sample surrogate ``prepare`` stored, if the surrogate has one: a state field
+    ``old_loss``, or (deprecated, a third-party surrogate not yet on ``BatchState``) ``extras``."""
+    value = getattr(batch.state, "old_loss", None)
+    if value is None:
+        value = dict.get(batch.extras, "old_loss")  # dict's own get: the core's read does not warn
+    return value if isinstance(value, torch.Tensor) else None

@@ -44,7 +44,7 @@ from vgrpo_platform.errors import RecipeError, RewardError, VgrpoError
 from vgrpo_platform.network import denoiser_call_of
 from vgrpo_platform.parallel import data_parallel as dp
 from vgrpo_platform.parallel import sharded_state
-from vgrpo_platform.protocols import BuildContext, RolloutBatch, SamplerSpec
+from vgrpo_platform.protocols import BatchState, BuildContext, RolloutBatch, SamplerSpec
 from vgrpo_platform.rollout_backends.in_process import InProcessBackend
 from vgrpo_platform.training.iteration.clock import StageClock
 from vgrpo_platform.training.iteration.ema import served
@@ -81,7 +81,7 @@ class _Rollout:
     plan: RolloutPlan
     latents: torch.Tensor
     samples: Any
-    extras: dict[str, torch.Tensor]
+    state: BatchState | dict[str, torch.Tensor] | None  # a surrogate's own sampler's (a dict: deprecated)
     info: dict[str, float]  # the backend's metrics (rollout_*)
     generating: dict[str, torch.Tensor] | None  # the weights that generated it, when not the current ones
 
@@ -410,7 +410,7 @@ class Trainer:
         sample_chunk, info, generating = self.source.sampler_for(
             plan, self.sampler, iteration, chunk, draw.pending
         )
-        latents, samples, extras = roll_out(
+        latents, samples, state = roll_out(
             self.session.adapter,
             plan,
             sampler=self.sampler,
@@ -420,7 +420,7 @@ class Trainer:
             sample_chunk=sample_chunk,
             on_chunk=feeder,
         )
-        return _Rollout(plan, latents, samples, extras, info, generating)
+        return _Rollout(plan, latents, samples, state, info, generating)
 
     def _advantages(self, draw: _Draw, scored: tuple[dict, dict]) -> _Scores:
         """The whole batch's scores on every rank (advantages and metrics see full groups), and the
@@ -462,8 +462,9 @@ class Trainer:
             rewards=scores.total_reward[mine].to(self.device),
             reward_terms={k: v[mine].to(self.device) for k, v in scores.terms.items()},
             advantages=advantages[mine].to(self.device),
-            extras=rollout.extras,
+            extras=rollout.state if isinstance(rollout.state, dict) else {},  # deprecated dict rollouts
             rows=dp.RowsOf(group_ids.to(self.device), mine.start) if self.shard.world > 1 else None,
+            state=rollout.state if isinstance(rollout.state, BatchState) else None,
         )
 
     def _prepare_surrogate(self, batch: RolloutBatch, generating: dict[str, torch.Tensor] | None) -> None:

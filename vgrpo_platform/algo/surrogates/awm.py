@@ -19,24 +19,26 @@ velocity KL to the reference. The EMA moves once per iteration, at ``prepare``, 
 previous iteration ended on, as the authors' does after each epoch; it is not checkpointed (a resumed
 run restarts it from the resumed weights).
 
-``batch.extras`` keys: ``"t"`` ``[B, K]``, ``"eps"`` ``[B, K, *L]``, ``"old_pair_loss"`` ``[B, K]``,
-``"old_loss"`` ``[B]`` (the per-sample surrogate, read by the diagnostics), with ``kl_beta > 0``
-``"ref_x0"`` and with ``ema_beta > 0`` ``"ema_x0"`` ``[B, K, *L]``.
+``prepare`` writes an ``AWMState`` to ``batch.state``: ``t`` ``[B, K]``, ``eps`` ``[B, K, *L]``,
+``old_pair_loss`` ``[B, K]``, ``old_loss`` ``[B]`` (the per-sample surrogate, read by the diagnostics),
+with ``kl_beta > 0`` ``ref_x0`` and with ``ema_beta > 0`` ``ema_x0`` ``[B, K, *L]``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from vgrpo_platform.algo.surrogates import elbo
 from vgrpo_platform.algo.surrogates.configs import AWMConfig
-from vgrpo_platform.algo.surrogates.nft import EMAPolicy
-from vgrpo_platform.algo.surrogates.vgrpo import draw_batch_pairs, predict_x0_on_pairs
+from vgrpo_platform.algo.surrogates.ema_policy import EMAPolicy
+from vgrpo_platform.algo.surrogates.pairs import draw_batch_pairs, predict_x0_on_pairs
 from vgrpo_platform.algo.timesteps import pair_set_index
-from vgrpo_platform.protocols import Adapter, RolloutBatch, SurrogateBase
+from vgrpo_platform.finetune import reference_mode
+from vgrpo_platform.protocols import Adapter, BatchState, RolloutBatch, SurrogateBase
 
 GHUBER_EPS = 1e-10
 """Added inside the power, and its power subtracted, so that ``l = 0`` gives 0 (AWM's constant)."""
@@ -84,6 +86,18 @@ def stratified_grid_indices(
     device = generator.device if generator is not None else torch.device("cpu")
     u = torch.rand(n_sets, k, generator=generator, device=device, dtype=torch.float64).cpu()
     return lower + (u * (upper - lower)).long()  # [n_sets, k]
+
+
+@dataclass
+class AWMState(BatchState):
+    """What ``prepare`` hands ``loss``: the pairs, the old policy's losses on them and the anchors."""
+
+    t: torch.Tensor  # [B, K]
+    eps: torch.Tensor  # [B, K, *L]
+    old_pair_loss: torch.Tensor  # [B, K]
+    old_loss: torch.Tensor  # [B], the per-sample surrogate (read by the diagnostics)
+    ref_x0: torch.Tensor | None = None  # [B, K, *L], kl_beta > 0
+    ema_x0: torch.Tensor | None = None  # [B, K, *L], ema_beta > 0
 
 
 class AWMSurrogate(SurrogateBase):
@@ -159,15 +173,14 @@ class AWMSurrogate(SurrogateBase):
             eps = eps.to(x0.device, x0.dtype)  # [B, K, *L]
             x_hat = predict_x0_on_pairs(adapter, x0, t, eps, batch.cond)
             old = self._pair_losses(x_hat, x0, t)  # [B, K]
-            batch.extras.update(t=t, eps=eps, old_pair_loss=old, old_loss=old.mean(dim=1))
+            state = AWMState(t=t, eps=eps, old_pair_loss=old, old_loss=old.mean(dim=1))
+            batch.state = state
             if cfg.kl_beta > 0:
-                from vgrpo_platform.finetune import reference_mode
-
                 with reference_mode(adapter):
-                    batch.extras["ref_x0"] = predict_x0_on_pairs(adapter, x0, t, eps, batch.cond)
+                    state.ref_x0 = predict_x0_on_pairs(adapter, x0, t, eps, batch.cond)
             if cfg.ema_beta > 0:
                 with self.ema.applied(adapter.denoiser):
-                    batch.extras["ema_x0"] = predict_x0_on_pairs(adapter, x0, t, eps, batch.cond)
+                    state.ema_x0 = predict_x0_on_pairs(adapter, x0, t, eps, batch.cond)
 
     def advantages(self, batch: RolloutBatch, dtype: torch.dtype) -> torch.Tensor:
         """``[B]`` ``clamp(A, -adv_clip, adv_clip) * adv_scale`` (AWM: +-5, then 1/5)."""
@@ -182,12 +195,13 @@ class AWMSurrogate(SurrogateBase):
     def loss(self, batch: RolloutBatch, adapter: Adapter) -> tuple[torch.Tensor, dict[str, float]]:
         """``-mean PPO-clip(rho, A)`` with per-pair or per-sample ratios, ``+ kl_beta KL + ema_beta EMA``."""
         cfg = self.config
-        if batch.advantages is None or "old_pair_loss" not in batch.extras:
-            raise ValueError("AWMSurrogate.loss needs batch.advantages and the extras of prepare()")
-        x0, t = batch.latents, batch.extras["t"]
-        x_hat = predict_x0_on_pairs(adapter, x0, t, batch.extras["eps"], batch.cond)  # [B, K, *L]
+        if batch.advantages is None:
+            raise ValueError("AWMSurrogate.loss needs batch.advantages (compute them before the update)")
+        state = batch.state_as(AWMState, "AWMSurrogate.loss")
+        x0, t = batch.latents, state.t
+        x_hat = predict_x0_on_pairs(adapter, x0, t, state.eps, batch.cond)  # [B, K, *L]
         new = self._pair_losses(x_hat, x0, t)  # [B, K]
-        old = batch.extras["old_pair_loss"].to(new.dtype)
+        old = state.old_pair_loss.to(new.dtype)
         adv = self.advantages(batch, new.dtype)  # [B]
         if cfg.ratio_mode == "per_pair":
             rho = elbo.ratio(old, new)  # [B, K]
@@ -196,8 +210,8 @@ class AWMSurrogate(SurrogateBase):
             rho = elbo.ratio(old.mean(dim=1), new.mean(dim=1))  # [B]
             objective = elbo.ppo_clip_objective(rho, adv, cfg.clip_range)
         loss = -objective
-        kl = self._velocity_distance(batch, x_hat, "ref_x0", cfg.kl_beta)
-        ema = self._velocity_distance(batch, x_hat, "ema_x0", cfg.ema_beta)
+        kl = self._velocity_distance(x_hat, t, state.ref_x0, "ref_x0", cfg.kl_beta)
+        ema = self._velocity_distance(x_hat, t, state.ema_x0, "ema_x0", cfg.ema_beta)
         loss = loss + cfg.kl_beta * kl + cfg.ema_beta * ema
         with torch.no_grad():
             metrics = {
@@ -214,12 +228,13 @@ class AWMSurrogate(SurrogateBase):
         return loss, metrics
 
     @staticmethod
-    def _velocity_distance(batch: RolloutBatch, x_hat: torch.Tensor, key: str, weight: float) -> torch.Tensor:
+    def _velocity_distance(
+        x_hat: torch.Tensor, t: torch.Tensor, anchor: torch.Tensor | None, name: str, weight: float
+    ) -> torch.Tensor:
         """``mean_{i,k} mean_d |v - v_anchor|^2 = |x_hat - x_anchor|^2 / t^2`` (rectified flow); 0 if off."""
         if weight <= 0:
             return torch.zeros((), dtype=torch.float32, device=x_hat.device)
-        if key not in batch.extras:
-            raise ValueError(f"a weight on {key!r} but batch.extras has none; was prepare() run?")
-        t = batch.extras["t"]
-        sq = elbo.pair_loss(x_hat, batch.extras[key], batch.latents.ndim - 1, adaptive_weighting=False)
+        if anchor is None:
+            raise ValueError(f"a weight on {name} but batch.state has none; was prepare() run?")
+        sq = elbo.pair_loss(x_hat, anchor, x_hat.ndim - 2, adaptive_weighting=False)  # x_hat [B, K, *L]
         return (sq / t.to(sq.dtype).square()).mean()

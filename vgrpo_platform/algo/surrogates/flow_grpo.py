@@ -10,10 +10,11 @@ give DanceGRPO (``diffusion = "constant"``, ``shared_initial_noise``, ``train_fr
 trains its own random subset of the steps) and Flow-GRPO-Fast (``window_placement = "random"``: a
 short SDE branch at a random early step); see ``surrogates/plugin.py`` and docs/method.md section 6.
 
-``batch.extras`` keys (batch-first): ``"trajectory"`` ``[B, T+1, *L]`` (at least float32), ``"timesteps"``
-``[B, T+1]``, ``"old_log_prob"`` ``[B, T]``, ``"sde_mask"`` ``[B, T]`` (1 where the step is an SDE
-step), and written by ``prepare``: ``"train_mask"`` ``[B, T]`` (1 where the sample trains the step)
-and with ``kl_beta > 0`` ``"ref_mean"`` ``[B, T, *L]``.
+``rollout`` returns a ``FlowGRPOState`` (batch-first; the loop joins the chunks' into ``batch.state``):
+``trajectory`` ``[B, T+1, *L]`` (at least float32), ``timesteps`` ``[B, T+1]``, ``old_log_prob``
+``[B, T]``, ``sde_mask`` ``[B, T]`` (1 where the step is an SDE step); ``prepare`` completes it with
+``train_mask`` ``[B, T]`` (1 where the sample trains the step) and with ``kl_beta > 0`` ``ref_mean``
+``[B, T, *L]``.
 
 Memory: ``loss`` keeps the graph of every trained step of the micro-batch at once (one backward per
 micro-batch, as the surrogate contract has it); MixGRPO's window bounds that to ``window_size``.
@@ -21,11 +22,33 @@ micro-batch, as the surrogate contract has it); MixGRPO's window bounds that to 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from vgrpo_platform.algo import sde
 from vgrpo_platform.algo.surrogates.configs import FlowGRPOConfig
-from vgrpo_platform.protocols import Adapter, Conditioning, RolloutBatch, SamplerSpec, SurrogateBase
+from vgrpo_platform.finetune import reference_mode
+from vgrpo_platform.protocols import (
+    Adapter,
+    BatchState,
+    Conditioning,
+    RolloutBatch,
+    SamplerSpec,
+    SurrogateBase,
+)
+
+
+@dataclass
+class FlowGRPOState(BatchState):
+    """The SDE rollout's record (the old policy's per-step log-probs), completed by ``prepare``."""
+
+    trajectory: torch.Tensor  # [B, T+1, *L], at least float32
+    timesteps: torch.Tensor  # [B, T+1]
+    old_log_prob: torch.Tensor  # [B, T]
+    sde_mask: torch.Tensor  # [B, T] float, 1 where the step is an SDE step
+    train_mask: torch.Tensor | None = None  # [B, T] float, 1 where the sample trains the step (prepare)
+    ref_mean: torch.Tensor | None = None  # [B, T, *L], the reference's step means (kl_beta > 0)
 
 
 def euler_grid(
@@ -146,8 +169,8 @@ class FlowGRPOSurrogate(SurrogateBase):
         cond: Conditioning,
         sampler: SamplerSpec,
         generator: torch.Generator,
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """SDE rollout from ``noise`` ``[B, *L]``: ``(clean latents [B, *L], extras)``.
+    ) -> tuple[torch.Tensor, FlowGRPOState]:
+        """SDE rollout from ``noise`` ``[B, *L]``: ``(clean latents [B, *L], state)``.
 
         Step noise is drawn on ``generator``'s device and moved, so a seed reproduces a rollout anywhere.
         """
@@ -170,43 +193,41 @@ class FlowGRPOSurrogate(SurrogateBase):
                 z = sde.ode_step(z, v, t, t_next)
                 log_probs.append(torch.zeros(b, device=device, dtype=z.dtype))
             trajectory.append(z)
-        extras = {
-            "trajectory": torch.stack(trajectory, dim=1),  # [B, T+1, *L]
-            "timesteps": grid.expand(b, steps + 1).clone(),  # [B, T+1]
-            "old_log_prob": torch.stack(log_probs, dim=1),  # [B, T]
-            "sde_mask": mask.to(device=device, dtype=torch.float32).expand(b, steps).clone(),  # [B, T]
-        }
-        return z.to(noise.dtype), extras
+        state = FlowGRPOState(
+            trajectory=torch.stack(trajectory, dim=1),  # [B, T+1, *L]
+            timesteps=grid.expand(b, steps + 1).clone(),  # [B, T+1]
+            old_log_prob=torch.stack(log_probs, dim=1),  # [B, T]
+            sde_mask=mask.to(device=device, dtype=torch.float32).expand(b, steps).clone(),  # [B, T]
+        )
+        return z.to(noise.dtype), state
 
     def prepare(self, batch: RolloutBatch, adapter: Adapter, generator: torch.Generator) -> None:
-        """Checks the rollout's extras, picks the steps each sample trains (``train_mask``) and, with
-        ``kl_beta > 0``, stores the reference's step means on them.
+        """Checks the rollout's state, picks the steps each sample trains (``train_mask``) and, with
+        ``kl_beta > 0``, stores the reference's step means on them (both in ``batch.state``).
 
         With ``train_fraction < 1`` the subsets are drawn for the global batch (a data-parallel rank keeps
         its rows), so every rank's generator stays in step; otherwise nothing is drawn.
         """
-        missing = {"trajectory", "timesteps", "old_log_prob", "sde_mask"} - set(batch.extras)
-        if missing:
+        if batch.state is None:
             raise ValueError(
-                f"flow_grpo needs its own SDE rollout (extras {sorted(missing)} missing): "
+                "flow_grpo needs its own SDE rollout (batch.state is empty): "
                 "the loop must call the surrogate's rollout() instead of adapter.sample"
             )
+        state = batch.state_as(FlowGRPOState, "FlowGRPOSurrogate.prepare", written_by="its rollout()")
         cfg = self.config
-        candidates = trainable_steps(batch.extras["sde_mask"], cfg.train_last_step)  # [B, T]
+        candidates = trainable_steps(state.sde_mask, cfg.train_last_step)  # [B, T]
         if cfg.train_fraction < 1.0:
             n_rows = len(batch) if batch.rows is None else len(batch.rows.global_group_ids)
             every = candidates[:1].expand(n_rows, -1)  # the SDE steps are the same for every row
             chosen = random_step_subset(every, cfg.train_fraction, generator)  # [N, T]
             candidates = chosen if batch.rows is None else batch.rows.local(chosen, len(batch))
-        batch.extras["train_mask"] = candidates.to(torch.float32)
+        state.train_mask = candidates.to(torch.float32)
         if cfg.kl_beta <= 0:
             return
-        from vgrpo_platform.finetune import reference_mode
-
-        traj, grid = batch.extras["trajectory"], batch.extras["timesteps"]
+        traj, grid = state.trajectory, state.timesteps
         means = torch.zeros_like(traj[:, :-1])  # [B, T, *L]
         with torch.no_grad(), reference_mode(adapter):
-            for j, rows in self._trained_rows(batch):
+            for j, rows in self._trained_rows(state):
                 means[rows, j] = self._step_stats(
                     adapter,
                     traj[rows, j],
@@ -216,17 +237,17 @@ class FlowGRPOSurrogate(SurrogateBase):
                     _rows_of(batch.cond, rows),
                     batch.latents.dtype,
                 )[0]
-        batch.extras["ref_mean"] = means
+        state.ref_mean = means
 
-    def _train_mask(self, batch: RolloutBatch) -> torch.Tensor:
+    def _train_mask(self, state: FlowGRPOState) -> torch.Tensor:
         """``[B, T]`` bool; without ``prepare`` (direct calls) every trainable SDE step."""
-        if "train_mask" in batch.extras:
-            return batch.extras["train_mask"] > 0
-        return trainable_steps(batch.extras["sde_mask"], self.config.train_last_step)
+        if state.train_mask is not None:
+            return state.train_mask > 0
+        return trainable_steps(state.sde_mask, self.config.train_last_step)
 
-    def _trained_rows(self, batch: RolloutBatch) -> list[tuple[int, torch.Tensor | slice]]:
+    def _trained_rows(self, state: FlowGRPOState) -> list[tuple[int, torch.Tensor | slice]]:
         """``(step j, rows that train it)`` for every step some row trains; ``slice(None)`` = all rows."""
-        mask = self._train_mask(batch)
+        mask = self._train_mask(state)
         out: list[tuple[int, torch.Tensor | slice]] = []
         for j in torch.nonzero(mask.any(dim=0)).flatten().tolist():
             column = mask[:, j]
@@ -243,14 +264,13 @@ class FlowGRPOSurrogate(SurrogateBase):
         cfg = self.config
         if batch.advantages is None:
             raise ValueError("FlowGRPOSurrogate.loss needs batch.advantages")
-        if "trajectory" not in batch.extras:
-            raise ValueError("FlowGRPOSurrogate.loss needs the extras of its rollout()")
-        traj, grid = batch.extras["trajectory"], batch.extras["timesteps"]  # [B, T+1, *L], [B, T+1]
-        old_lp = batch.extras["old_log_prob"]  # [B, T]
+        state = batch.state_as(FlowGRPOState, "FlowGRPOSurrogate.loss", written_by="its rollout()")
+        traj, grid = state.trajectory, state.timesteps  # [B, T+1, *L], [B, T+1]
+        old_lp = state.old_log_prob  # [B, T]
         latent_ndim = traj.ndim - 2
         adv_all = batch.advantages.float().clamp(-cfg.adv_clip, cfg.adv_clip)  # [B]
         policy_terms, kls, ratios, log_ratios = [], [], [], []
-        for j, rows in self._trained_rows(batch):
+        for j, rows in self._trained_rows(state):
             t, t_next = grid[rows, j], grid[rows, j + 1]
             cond = _rows_of(batch.cond, rows)
             mean, std, s = self._step_stats(
@@ -266,9 +286,9 @@ class FlowGRPOSurrogate(SurrogateBase):
             ratios.append(rho.detach())
             log_ratios.append(log_ratio.detach())
             if cfg.kl_beta > 0:
-                if "ref_mean" not in batch.extras:
-                    raise ValueError("kl_beta > 0 but batch.extras has no 'ref_mean'; was prepare() run?")
-                ref = batch.extras["ref_mean"][rows, j]
+                if state.ref_mean is None:
+                    raise ValueError("kl_beta > 0 but batch.state has no ref_mean; was prepare() run?")
+                ref = state.ref_mean[rows, j]
                 kls.append(sde.mean_kl(mean, ref, s, t, t_next, latent_ndim, include_dt=cfg.kl_include_dt))
         if not policy_terms:
             raise ValueError("no SDE step to train: the rollout recorded none (sde_mask is all zero)")

@@ -14,22 +14,22 @@ the loop calls ``after_step(adapter)`` after each optimiser step to update it wi
 decay schedule ``min(max(step - flat, 0) rate, max)`` (decay 0: the old policy is the current one).
 Its state is not checkpointed: a resumed run restarts the EMA from the resumed weights.
 
-``batch.extras`` keys written by ``prepare``: ``"t"`` ``[B, K]``, ``"eps"`` ``[B, K, *L]``
+``prepare`` writes an ``NFTState`` to ``batch.state``: ``t`` ``[B, K]``, ``eps`` ``[B, K, *L]``
 (independent per sample).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
 from vgrpo_platform.algo.surrogates import elbo
 from vgrpo_platform.algo.surrogates.configs import DiffusionNFTConfig
-from vgrpo_platform.algo.surrogates.vgrpo import PairScheme, draw_batch_pairs
-from vgrpo_platform.finetune import values_swapped_in
-from vgrpo_platform.protocols import Adapter, RolloutBatch, SurrogateBase
+from vgrpo_platform.algo.surrogates.ema_policy import EMAPolicy
+from vgrpo_platform.algo.surrogates.pairs import PairScheme, draw_batch_pairs
+from vgrpo_platform.finetune import reference_mode
+from vgrpo_platform.protocols import Adapter, BatchState, RolloutBatch, SurrogateBase
 
 
 def optimality_probability(advantages: torch.Tensor, adv_clip: float) -> torch.Tensor:
@@ -70,34 +70,12 @@ def ema_decay(step: int, flat: int, rate: float, maximum: float) -> float:
     return 0.0 if step < flat else min((step - flat) * rate, maximum)
 
 
-class EMAPolicy:
-    """An EMA copy of a module's trainable parameters, and a context in which the module uses it."""
+@dataclass
+class NFTState(BatchState):
+    """What ``prepare`` hands ``loss``: the independent pairs (the old policy is evaluated in the loss)."""
 
-    def __init__(self) -> None:
-        self.state: dict[str, torch.Tensor] | None = None
-
-    @staticmethod
-    def _trainable(module: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
-        return {n: p for n, p in module.named_parameters() if p.requires_grad}
-
-    def initialise(self, module: torch.nn.Module) -> dict[str, torch.Tensor]:
-        """Start the old policy at the current weights (once); returns its state."""
-        if self.state is None:
-            self.state = {n: p.detach().clone() for n, p in self._trainable(module).items()}
-        return self.state
-
-    @torch.no_grad()
-    def update(self, module: torch.nn.Module, decay: float) -> None:
-        """``old <- decay old + (1 - decay) current``."""
-        state = self.initialise(module)
-        for n, p in self._trainable(module).items():
-            state[n].mul_(decay).add_(p.detach(), alpha=1.0 - decay)
-
-    @contextmanager
-    def applied(self, module: torch.nn.Module) -> Iterator[None]:
-        """Inside: the trainable parameters hold the EMA values (use under ``torch.no_grad``)."""
-        with values_swapped_in(self._trainable(module), self.initialise(module)):
-            yield
+    t: torch.Tensor  # [B, K]
+    eps: torch.Tensor  # [B, K, *L]
 
 
 class DiffusionNFTSurrogate(SurrogateBase):
@@ -124,16 +102,17 @@ class DiffusionNFTSurrogate(SurrogateBase):
             cfg.n_timesteps, pair_scope="sample", stratified=False, t_min=cfg.t_min, t_max=cfg.t_max
         )
         t, eps = draw_batch_pairs(batch, adapter, generator, scheme, tuple(x0.shape[1:]))
-        batch.extras["t"], batch.extras["eps"] = t, eps.to(x0.dtype)
+        batch.state = NFTState(t=t, eps=eps.to(x0.dtype))
 
     def loss(self, batch: RolloutBatch, adapter: Adapter) -> tuple[torch.Tensor, dict[str, float]]:
         """Mean over samples and draws of ``nft_loss`` ``+ kl_beta |v_theta - v_ref|^2``."""
         cfg = self.config
-        if batch.advantages is None or "t" not in batch.extras:
-            raise ValueError("DiffusionNFTSurrogate.loss needs batch.advantages and the extras of prepare()")
+        if batch.advantages is None:
+            raise ValueError("DiffusionNFTSurrogate.loss needs batch.advantages (set before the update)")
+        state = batch.state_as(NFTState, "DiffusionNFTSurrogate.loss")
         x0 = batch.latents  # [B, *L]
         latent_ndim = x0.ndim - 1
-        t_all, eps_all = batch.extras["t"], batch.extras["eps"]  # [B, K], [B, K, *L]
+        t_all, eps_all = state.t, state.eps  # [B, K], [B, K, *L]
         r = optimality_probability(batch.advantages, cfg.adv_clip)  # [B]
         schedule = adapter.schedule
         zs = [schedule.noise(x0, eps_all[:, k], t_all[:, k]) for k in range(t_all.shape[1])]  # K x [B, *L]
@@ -143,8 +122,6 @@ class DiffusionNFTSurrogate(SurrogateBase):
                 v_olds = [adapter.predict(z, t_all[:, k], batch.cond) for k, z in enumerate(zs)]
             v_refs = []
             if cfg.kl_beta > 0:
-                from vgrpo_platform.finetune import reference_mode
-
                 with reference_mode(adapter):
                     v_refs = [adapter.predict(z, t_all[:, k], batch.cond) for k, z in enumerate(zs)]
         losses, kls, deviations = [], [], []

@@ -5,9 +5,9 @@ surrogate; ``loss`` recomputes it on the very same pairs with gradients and buil
 objective (docs/method.md section 4). The rollout sampler never matters: only the final clean latents
 are scored.
 
-``batch.extras`` keys written by ``prepare`` (batch-first, so micro-batching slices them):
-``"t"`` ``[B, K]``, ``"eps"`` ``[B, K, *L]``, ``"old_loss"`` ``[B]``, and, when ``kl_beta > 0``,
-``"old_x0"`` or ``"ref_x0"`` ``[B, K, *L]`` (the KL anchor's x-predictions). When the trainer plans
+``prepare`` writes a ``VGRPOState`` to ``batch.state`` (batch-first, so micro-batching slices it):
+``t`` ``[B, K]``, ``eps`` ``[B, K, *L]``, ``old_loss`` ``[B]``, and, when ``kl_beta > 0``,
+``old_x0`` or ``ref_x0`` ``[B, K, *L]`` (the KL anchor's x-predictions). When the trainer plans
 one optimiser step per batch (``plan_updates(1)``), ``loss`` runs on the old policy itself, so
 ``prepare`` skips the old policy's forward and ``loss`` takes ``old_loss`` (and ``old_x0``) from its own
 forward, detached: the same ratio of exactly 1 and the same gradient, for one forward pass fewer.
@@ -20,73 +20,21 @@ from dataclasses import dataclass
 import torch
 
 from vgrpo_platform.algo.surrogates import elbo
-from vgrpo_platform.algo.surrogates.configs import AWMConfig, VGRPOConfig
-from vgrpo_platform.algo.timesteps import PairScope, draw_pairs
-from vgrpo_platform.protocols import Adapter, RolloutBatch, SurrogateBase
+from vgrpo_platform.algo.surrogates.configs import VGRPOConfig
+from vgrpo_platform.algo.surrogates.pairs import draw_batch_pairs, predict_x0_on_pairs
+from vgrpo_platform.finetune import reference_mode
+from vgrpo_platform.protocols import Adapter, BatchState, RolloutBatch, SurrogateBase
 
 
-def predict_x0_on_pairs(
-    adapter: Adapter, x0: torch.Tensor, t: torch.Tensor, eps: torch.Tensor, cond: dict[str, torch.Tensor]
-) -> torch.Tensor:
-    """The model's x-predictions on every stored pair: ``[B, K, *L]``.
+@dataclass
+class VGRPOState(BatchState):
+    """What ``prepare`` hands ``loss``: the pairs, and the old policy's surrogate and KL anchor."""
 
-    One ``adapter.predict`` call per pair index ``k`` (each on a ``[B, *L]`` batch), so peak memory
-    grows with the micro-batch, not with ``B * K``.
-    """
-    schedule = adapter.schedule
-    preds = []
-    for k in range(t.shape[1]):
-        t_k = t[:, k]  # [B]
-        eps_k = eps[:, k].to(x0.dtype)  # [B, *L]
-        z_t = schedule.noise(x0, eps_k, t_k)  # [B, *L]
-        out = adapter.predict(z_t, t_k, cond)  # [B, *L]
-        preds.append(schedule.predict_x0(z_t, out, t_k))
-    return torch.stack(preds, dim=1)  # [B, K, *L]
-
-
-@dataclass(frozen=True)
-class PairScheme:
-    """How many pairs a surrogate draws per sample, who shares them, and the clamp of ``t``.
-
-    ``VGRPOConfig`` and ``AWMConfig`` carry these fields themselves; a surrogate with a fixed scheme
-    (DiffusionNFT: independent, unstratified draws) builds one of these instead.
-    """
-
-    n_mc: int
-    pair_scope: PairScope
-    stratified: bool
-    t_min: float
-    t_max: float
-
-
-def draw_batch_pairs(
-    batch: RolloutBatch,
-    adapter: Adapter,
-    generator: torch.Generator,
-    scheme: PairScheme | VGRPOConfig | AWMConfig,
-    latent_shape: tuple[int, ...],
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``draw_pairs`` for ``batch`` under ``scheme``: ``(t [B, K], eps [B, K, *L])``.
-
-    Every pair-drawing surrogate draws on the adapter's warp, on the batch's device and (data-parallel)
-    rows, in at least float32; one place keeps them in step. AWM passes ``latent_shape = (1,)``: it
-    uses the shared timesteps only.
-    """
-    x0 = batch.latents
-    return draw_pairs(
-        batch.group_ids,
-        scheme.n_mc,
-        latent_shape,
-        generator=generator,
-        scope=scheme.pair_scope,
-        stratified=scheme.stratified,
-        warp=adapter.schedule.warp,
-        t_min=scheme.t_min,
-        t_max=scheme.t_max,
-        device=x0.device,
-        dtype=torch.promote_types(x0.dtype, torch.float32),
-        rows=batch.rows,
-    )
+    t: torch.Tensor  # [B, K]
+    eps: torch.Tensor  # [B, K, *L]
+    old_loss: torch.Tensor | None = None  # [B]; None when the loss's own forward is the old policy's
+    old_x0: torch.Tensor | None = None  # [B, K, *L], kl_anchor = "old"
+    ref_x0: torch.Tensor | None = None  # [B, K, *L], kl_anchor = "reference"
 
 
 class VGRPOSurrogate(SurrogateBase):
@@ -109,40 +57,39 @@ class VGRPOSurrogate(SurrogateBase):
         )
 
     def prepare(self, batch: RolloutBatch, adapter: Adapter, generator: torch.Generator) -> None:
-        """Draw the pairs, store them and the old policy's surrogate (and KL anchor) in ``batch.extras``."""
+        """Draw the pairs, store them and the old policy's surrogate (and KL anchor) in ``batch.state``."""
         cfg = self.config
         x0 = batch.latents  # [B, *L]
         with torch.no_grad():
             latent_shape = tuple(x0.shape[1:])
             t, eps = draw_batch_pairs(batch, adapter, generator, cfg, latent_shape)  # [B, K], [B, K, *L]
             eps = eps.to(x0.dtype)
-            batch.extras["t"] = t
-            batch.extras["eps"] = eps
+            state = VGRPOState(t=t, eps=eps)
+            batch.state = state
             if not self.old_from_loss:
                 x_hat = predict_x0_on_pairs(adapter, x0, t, eps, batch.cond)  # [B, K, *L]
-                batch.extras["old_loss"] = elbo.surrogate_loss(self._pair_losses(x_hat, x0))  # [B]
+                state.old_loss = elbo.surrogate_loss(self._pair_losses(x_hat, x0))  # [B]
             if cfg.kl_beta > 0:
                 if cfg.kl_anchor == "old":
                     if not self.old_from_loss:
-                        batch.extras["old_x0"] = x_hat
+                        state.old_x0 = x_hat
                 else:
-                    from vgrpo_platform.finetune import reference_mode
-
                     with reference_mode(adapter):
-                        batch.extras["ref_x0"] = predict_x0_on_pairs(adapter, x0, t, eps, batch.cond)
+                        state.ref_x0 = predict_x0_on_pairs(adapter, x0, t, eps, batch.cond)
 
     def loss(self, batch: RolloutBatch, adapter: Adapter) -> tuple[torch.Tensor, dict[str, float]]:
         """``-J + beta KL``, each a mean over the (micro-)batch's samples, and float metrics."""
         cfg = self.config
         if batch.advantages is None:
             raise ValueError("VGRPOSurrogate.loss needs batch.advantages (compute them before the update)")
-        if "t" not in batch.extras or ("old_loss" not in batch.extras and not self.old_from_loss):
-            raise ValueError("VGRPOSurrogate.loss needs the extras written by prepare(); call it first")
+        state = batch.state_as(VGRPOState, "VGRPOSurrogate.loss")
+        if state.old_loss is None and not self.old_from_loss:
+            raise ValueError("VGRPOSurrogate.loss needs the old_loss written by prepare(); call it first")
         x0 = batch.latents  # [B, *L]
-        x_hat = predict_x0_on_pairs(adapter, x0, batch.extras["t"], batch.extras["eps"], batch.cond)
+        x_hat = predict_x0_on_pairs(adapter, x0, state.t, state.eps, batch.cond)
         new_loss = elbo.surrogate_loss(self._pair_losses(x_hat, x0))  # [B]
-        if "old_loss" in batch.extras:
-            old_loss = batch.extras["old_loss"].to(new_loss.dtype)  # [B]
+        if state.old_loss is not None:
+            old_loss = state.old_loss.to(new_loss.dtype)  # [B]
         else:  # one step per batch: this forward is the old policy's
             old_loss = new_loss.detach()
         rho = elbo.ratio(old_loss, new_loss)  # [B]
@@ -152,13 +99,14 @@ class VGRPOSurrogate(SurrogateBase):
 
         kl = torch.zeros((), dtype=new_loss.dtype, device=new_loss.device)
         if cfg.kl_beta > 0:
-            anchor_key = "old_x0" if cfg.kl_anchor == "old" else "ref_x0"
-            if anchor_key == "old_x0" and anchor_key not in batch.extras and self.old_from_loss:
+            stored = state.old_x0 if cfg.kl_anchor == "old" else state.ref_x0
+            if stored is not None:
+                anchor = stored
+            elif cfg.kl_anchor == "old" and self.old_from_loss:
                 anchor = x_hat.detach()  # zero KL with zero gradient, as on any first step
-            elif anchor_key in batch.extras:
-                anchor = batch.extras[anchor_key]
             else:
-                raise ValueError(f"kl_beta > 0 but batch.extras has no {anchor_key!r}; was prepare() run?")
+                name = "old_x0" if cfg.kl_anchor == "old" else "ref_x0"
+                raise ValueError(f"kl_beta > 0 but batch.state has no {name}; was prepare() run?")
             kl = elbo.kl_penalty(x_hat, anchor, x0.ndim - 1).mean()
             loss = loss + cfg.kl_beta * kl
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -9,7 +10,7 @@ from typing import Any, Literal
 
 import torch
 
-from vgrpo_platform.protocols import Adapter, Conditioning, SamplerSpec, Samples, SurrogateBase
+from vgrpo_platform.protocols import Adapter, BatchState, Conditioning, SamplerSpec, Samples, SurrogateBase
 
 
 def repeat_conditioning(cond: Conditioning, index: torch.Tensor) -> Conditioning:
@@ -41,11 +42,34 @@ def share_within_groups(noise: torch.Tensor, group_size: int) -> torch.Tensor:
     return noise[first]
 
 
+RolloutState = BatchState | dict[str, torch.Tensor] | None
+"""What a rollout leaves for the surrogate's ``prepare``: its own sampler's ``BatchState``, a dict of
+``[B, ...]`` tensors (deprecated: a third-party surrogate not yet on ``BatchState``), or None."""
+
 RolloutFn = Callable[
     [Adapter, torch.Tensor, Conditioning, SamplerSpec, torch.Generator],
-    tuple[torch.Tensor, dict[str, torch.Tensor]],
+    tuple[torch.Tensor, BatchState | dict[str, torch.Tensor]],
 ]
-"""A surrogate's own sampler (``SurrogateBase.rollout``): ``(latents [B, *L], extras {key: [B, ...]})``."""
+"""A surrogate's own sampler (``SurrogateBase.rollout``): ``(latents [B, *L], state [B, ...])``."""
+
+
+def join_states(parts: Sequence[BatchState | dict[str, torch.Tensor]]) -> RolloutState:
+    """The chunks' rollout states as one, joined along the batch; None without any."""
+    if not parts:
+        return None
+    states = [p for p in parts if isinstance(p, BatchState)]
+    if len(states) == len(parts):
+        return type(states[0]).concat(states)
+    dicts = [p for p in parts if isinstance(p, dict)]
+    if len(dicts) != len(parts):
+        kinds = sorted({type(p).__name__ for p in parts})
+        raise TypeError(f"rollout() returned {kinds} across chunks: return one BatchState type")
+    warnings.warn(
+        "a rollout() returning a dict of extras is deprecated: return a BatchState (docs/hooks.md)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return {k: torch.cat([d[k] for d in dicts]) for k in dicts[0]}
 
 
 ChunkSampler = Callable[[torch.Tensor, Conditioning, slice], torch.Tensor]
@@ -102,16 +126,17 @@ def roll_out(
     rollout_fn: RolloutFn | None = None,
     sample_chunk: ChunkSampler | None = None,
     on_chunk: Callable[[Samples], None] | None = None,
-) -> tuple[torch.Tensor, Samples, dict[str, torch.Tensor]]:
-    """The plan's clean latents ``[B, *L]``, decoded samples and extras, chunk by chunk."""
+) -> tuple[torch.Tensor, Samples, RolloutState]:
+    """The plan's clean latents ``[B, *L]``, decoded samples and rollout state, chunk by chunk."""
     noise, cond = plan.noise, plan.cond
-    latents, decoded, extras = [], [], []
+    latents, decoded = [], []
+    states: list[BatchState | dict[str, torch.Tensor]] = []
     for start in range(0, len(plan.group_ids), chunk_size):
         part = slice(start, start + chunk_size)
         cond_part = {k: v[part] for k, v in cond.items()}
         if rollout_fn is not None:
-            x0, chunk_extras = rollout_fn(adapter, noise[part], cond_part, sampler, generator)
-            extras.append(chunk_extras)
+            x0, chunk_state = rollout_fn(adapter, noise[part], cond_part, sampler, generator)
+            states.append(chunk_state)
         elif sample_chunk is not None:
             x0 = sample_chunk(noise[part], cond_part, part)
         else:
@@ -120,8 +145,7 @@ def roll_out(
         decoded.append(adapter.decode(x0))
         if on_chunk is not None:
             on_chunk(decoded[-1])
-    merged = {k: torch.cat([e[k] for e in extras]) for k in extras[0]} if extras else {}
-    return torch.cat(latents), concat_samples(decoded), merged
+    return torch.cat(latents), concat_samples(decoded), join_states(states)
 
 
 def generate_with_extras(
@@ -137,10 +161,10 @@ def generate_with_extras(
     noise_window: tuple[int, int] | None = None,
     noise_scope: NoiseScope = "sample",
     on_chunk: Callable[[Samples], None] | None = None,
-) -> tuple[torch.Tensor, Conditioning, torch.Tensor, torch.Tensor, Samples, dict[str, torch.Tensor]]:
+) -> tuple[torch.Tensor, Conditioning, torch.Tensor, torch.Tensor, Samples, RolloutState]:
     """Sample ``group_size`` outputs for each prompt, optionally with a surrogate's own sampler.
 
-    Returns ``(group_ids [B], cond [B, ...], noise [B, *L], latents [B, *L], samples, extras)`` with
+    Returns ``(group_ids [B], cond [B, ...], noise [B, *L], latents [B, *L], samples, state)`` with
     ``B = len(prompts) * group_size``; samples of one prompt are contiguous. Noise is drawn on the
     CPU generator so a seed gives the same rollout on any device. ``noise_window = (start, total)``
     (a data-parallel rank's share): draw noise for ``total`` samples and keep rows ``start ..
@@ -148,8 +172,8 @@ def generate_with_extras(
     Rows past ``total`` (a rank padding its share to keep forwards in lockstep) get zero noise.
 
     With ``rollout_fn`` (an SDE that records per-step log-probs) each chunk is sampled by it instead of
-    ``adapter.sample``, drawing its step noise from ``generator`` after the initial noise; its extras
-    are concatenated along the batch (``extras`` is empty without ``rollout_fn``).
+    ``adapter.sample``, drawing its step noise from ``generator`` after the initial noise; its states
+    are joined along the batch (``state`` is None without ``rollout_fn``).
     ``noise_scope = "group"`` gives every sample of a prompt the same initial noise (DanceGRPO,
     Flow-GRPO-Fast; a surrogate asks for it with ``initial_noise = "group"``), from the same draw.
     ``on_chunk`` receives each decoded chunk as soon as it exists (``[scoring] overlap`` scores it
@@ -164,7 +188,7 @@ def generate_with_extras(
         noise_window=noise_window,
         noise_scope=noise_scope,
     )
-    latents, samples, extras = roll_out(
+    latents, samples, state = roll_out(
         adapter,
         plan,
         sampler=sampler,
@@ -173,7 +197,7 @@ def generate_with_extras(
         rollout_fn=rollout_fn,
         on_chunk=on_chunk,
     )
-    return plan.group_ids, plan.cond, plan.noise, latents, samples, extras
+    return plan.group_ids, plan.cond, plan.noise, latents, samples, state
 
 
 def surrogate_sampler(
