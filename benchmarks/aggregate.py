@@ -1,6 +1,6 @@
 """From run records to the benchmark's figures: one seed's numbers, then their means and 95% intervals.
 
-Every figure of a seed comes from its run's ``metrics.jsonl``: the held-out reward (and the world's
+Every figure of a seed comes from its run's records (``records.py``): the held-out reward (and the world's
 detail metric) at the start and the end, and the iterations, gradient steps, NFE and wall-clock
 seconds at the first evaluation that reaches the target. Wall-clock is the method's own: the sum of
 each iteration's rollout, reward and training seconds, so evaluations and diagnostics (the same for
@@ -18,6 +18,7 @@ from typing import Any
 
 from scipy import stats
 
+TIMES = ("time_rollout", "time_reward", "time_train")  # a method's own seconds: see method_seconds
 TO_TARGET = ("iterations_to_target", "gradient_steps_to_target", "nfe_to_target", "wall_to_target")
 DIAGNOSTICS = ("diag/cv", "diag/within_group_cv", "diag/grad_corr")
 
@@ -45,7 +46,7 @@ def selection_score(records: list[dict[str, Any]]) -> float:
 
 def method_seconds(record: dict[str, Any]) -> float:
     """One iteration's cost in seconds: rollout, reward and training; evaluations and diagnostics left out."""
-    return sum(record.get(key, 0.0) for key in ("time_rollout", "time_reward", "time_train"))
+    return sum(record.get(key, 0.0) for key in TIMES)
 
 
 def seed_figures(
@@ -70,7 +71,7 @@ def seed_figures(
         "nfe": cumulative_nfe[-1] if cumulative_nfe else 0.0,
         "wall": sum(method_seconds(r) for r in trains) if trains else math.nan,
     }
-    for key in ("time_rollout", "time_reward", "time_train"):
+    for key in TIMES:
         figures[key] = sum(r.get(key, 0.0) for r in trains)
     for key in DIAGNOSTICS:
         vals = [r[key] for r in trains if key in r and math.isfinite(r[key])]

@@ -51,14 +51,14 @@ for spec in "${ROW_SPECS[@]}"; do
     else
         echo "== $name (timeout ${limit}s, ${elapsed}s elapsed)"
         # shellcheck disable=SC2086
-        timeout --kill-after=10 "$limit" "$PY" benchmarks/throughput.py $args $COMMON --flops-cache "$FLOPS" --out "$ROWS/$name.json"
+        timeout --kill-after=10 "$limit" "$PY" -m benchmarks.throughput $args $COMMON --flops-cache "$FLOPS" --out "$ROWS/$name.json"
         rc=$?
         [[ -f "$ROWS/$name.json" ]] && continue
         if (( rc == 124 || rc == 137 )); then status="timeout (${limit}s)"; else status="failed (exit $rc)"; fi
     fi
-    "$PY" benchmarks/throughput.py --placeholder "$status" $args $COMMON --out "$ROWS/$name.json" >/dev/null
+    "$PY" -m benchmarks.throughput --placeholder "$status" $args $COMMON --out "$ROWS/$name.json" >/dev/null
 done
-"$PY" benchmarks/throughput.py --merge "$ROWS"/*.json --out "$OUT/gpu_check.md" "$OUT/gpu_check.json"
+"$PY" -m benchmarks.throughput --merge "$ROWS"/*.json --out "$OUT/gpu_check.md" "$OUT/gpu_check.json"
 echo "wrote $OUT/gpu_check.md and $OUT/gpu_check.json in $(( $(date +%s) - start )) s"
 
 left=$(( BUDGET_S - ($(date +%s) - start) ))

@@ -1,7 +1,8 @@
 """The benchmark as resumable cells: one run directory per (method, learning rate, budget, seed).
 
 A cell runs once. Its directory ``OUT/runs/<method>/lr<lr>/it<iterations>/seed<seed>`` holds the run
-and, when it finished, ``cell.json`` (the settings it ran with, the commit, ``done`` or ``failed``).
+and, when it finished, ``cell.json`` (the settings it ran with, the commit, ``done`` or ``failed``) and,
+when done, ``records.json`` (``records.py``: the figures' columns of its log; what git keeps of a run).
 A later invocation skips every cell with a matching ``cell.json``, resumes a cell that has checkpoints
 but no marker through the trainer's ``--resume`` path (``Trainer(resolved, resume=True)``), and starts
 the others. A run that stops on a training fault (for example a non-finite loss at a too high rate)
@@ -24,6 +25,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from benchmarks import records
 
 MARKER = "cell.json"
 
@@ -122,6 +125,7 @@ def run_cell(
     start = time.perf_counter()
     try:
         Trainer(resolve_recipe(recipe, cell.recipe_overrides(common, out)), resume=state == "resume").run()
+        records.write(run_dir)  # before the marker: a done cell always has its records
         result, error = "done", None
     except VgrpoError as fault:  # a training fault (non-finite loss, ...): this rate fails the cell
         result, error = "failed", str(fault)
@@ -140,13 +144,11 @@ def run_cell(
 
 def read_cell(cell: Cell, out: Path) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """``(marker, metrics records)`` of a finished cell; records are empty for a failed one."""
-    from vgrpo_platform.training.observe.metrics import read_metrics
-
     run_dir = cell.directory(out)
     marker = read_marker(run_dir)
     if marker is None or marker["status"] != "done":
         return marker, []
-    return marker, read_metrics(run_dir / "metrics.jsonl")
+    return marker, records.load(run_dir)
 
 
 def choose_rate(scores: dict[float, list[float]]) -> float | None:

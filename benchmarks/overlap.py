@@ -8,8 +8,8 @@ differs. Printed: the mean iteration time after the first (which pays for the wo
 the reward's exposed wait, the reward's own seconds, and each setting's ratio to the inline
 baseline; and whether every setting trained exactly the same run (it must).
 
-    python benchmarks/overlap.py                     # 6 iterations, 0.06 s per image
-    python benchmarks/overlap.py --latency 0.06 --iterations 8 --out benchmarks/results/overlap.json
+    python -m benchmarks.overlap                     # 6 iterations, 0.06 s per image
+    python -m benchmarks.overlap --latency 0.06 --iterations 8 --out benchmarks/results/overlap.json
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ of its time, and "everything else" is the iteration minus every region. The firs
 out (one-off allocations). Why not torch.profiler: its per-op records cost more than the small ops
 they time at this scale, and what we want is the split by the loop's stages, not by kernel.
 
-    python benchmarks/profile_cpu.py                   # 4 iterations of recipes/quickstart.toml
-    python benchmarks/profile_cpu.py --iterations 6 --out benchmarks/results/profile_cpu.json
+    python -m benchmarks.profile_cpu                   # 4 iterations of recipes/quickstart.toml
+    python -m benchmarks.profile_cpu --iterations 6 --out benchmarks/results/profile_cpu.json
 """
 
 from __future__ import annotations

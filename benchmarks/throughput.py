@@ -1,13 +1,13 @@
 """Real-size throughput of V-GRPO and Flow-GRPO on FLUX.1-dev, SD 3.5 Medium, Qwen-Image and Wan 2.1 1.3B.
 
-    python benchmarks/throughput.py flux wan --device cuda --dtype bf16 --out benchmarks/results/t.md
-    python benchmarks/throughput.py --tiny                    # every model at toy size on the CPU, seconds
-    python benchmarks/throughput.py --merge rows/*.json --out table.md     # one table from row files
+    python -m benchmarks.throughput flux wan --device cuda --dtype bf16 --out benchmarks/results/t.md
+    python -m benchmarks.throughput --tiny                    # every model at toy size on the CPU, seconds
+    python -m benchmarks.throughput --merge rows/*.json --out table.md     # one table from row files
 
 Each row builds the model's transformer from its published config with **random weights**; the text
 encoders and the VAE are not built (random embeddings of their output shapes stand in, decoding is not
 timed), so the figures are the transformer's alone (``throughput_models.py``). One row is one setting:
-method (``vgrpo`` with N_MC 4, ``flow_grpo`` as ``benchmarks/compare.py`` runs it), LoRA or full
+method (``vgrpo`` with N_MC 4, ``flow_grpo`` as ``benchmarks.compare`` runs it), LoRA or full
 fine-tuning, gradient checkpointing, ``torch.compile`` (diffusers' regional compilation of the repeated
 blocks where the model has them). The same batch, sampler steps and micro-batch for both methods.
 
@@ -34,7 +34,6 @@ import itertools
 import json
 import math
 import statistics
-import sys
 import time
 import warnings
 from collections.abc import Sequence
@@ -42,9 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules, however this is loaded
-
-import throughput_models as models  # noqa: E402
+from benchmarks import throughput_models as models
 
 # Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s, from the vendors' datasheets; matched as a
 # substring of torch.cuda.get_device_name(), first match wins (so the PCIe / NVL variants come first).
@@ -115,7 +112,7 @@ class Row:
 
 # ------------------------------------------------------------------------------------ the methods
 def build_surrogate(method: str) -> Any:
-    """The shipped surrogate with ``benchmarks/compare.py``'s options for the method."""
+    """The shipped surrogate with ``benchmarks.compare``'s options for the method."""
     from vgrpo_platform.algo.surrogates.configs import FlowGRPOConfig, VGRPOConfig
 
     if method == "vgrpo":

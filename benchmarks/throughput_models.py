@@ -23,7 +23,6 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the repo's packages, however this is loaded
 
 
 def _alias_adapters() -> None:

@@ -1,31 +1,20 @@
-"""benchmarks/compare.py end to end on the toy world: the sweep and seeds phases as resumable cells, a second
-invocation that runs nothing, the generated doc tables, and the figures' arithmetic (t-intervals, NFE,
-the selection rule) against independent computations."""
+"""python -m benchmarks.compare end to end on the toy world: the sweep and seeds phases as resumable cells,
+a second invocation that runs nothing (also from a clone's records alone), the generated doc tables, and
+the figures' arithmetic (t-intervals, NFE, the selection rule) against independent computations."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks import aggregate, compare, matrix, nfe, records, render, rollout_backends
+from benchmarks.protocol import METHODS, WORLDS
+
 SMOKE = ["--world", "toy", "--methods", "vgrpo", "flow_grpo", "--seeds", "0", "1", "--lrs", "1e-3", "1e-2"]
 SMOKE += ["--iterations", "3"]
-
-
-def _load(name: str):  # noqa: ANN202
-    """A module of benchmarks/ imported as its siblings import it (their dataclasses need sys.modules)."""
-    if str(ROOT / "benchmarks") not in sys.path:
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-    return importlib.import_module(name)
-
-
-def _compare():  # noqa: ANN202
-    return _load("compare")
 
 
 def _files(folder: Path) -> dict[str, tuple[float, int]]:
@@ -38,7 +27,6 @@ def test_the_smoke_matrix_runs_every_cell_once_and_a_second_invocation_only_prin
     tmp_path, capsys, monkeypatch
 ):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    compare = _compare()
     out = tmp_path / "toy"
     assert compare.main([*SMOKE, "--out", str(out)]) == 0
     first = capsys.readouterr().out
@@ -78,8 +66,17 @@ def test_the_smoke_matrix_runs_every_cell_once_and_a_second_invocation_only_prin
     assert _files(out / "runs") == before  # no run directory touched
     assert json.loads((out / "summary.json").read_text())["methods"] == summary["methods"]
 
+    # a fresh clone holds only what git keeps of a cell (benchmarks/results/.gitignore): its marker and
+    # records; the matrix still runs nothing and its summary is the same
+    for path in (out / "runs").rglob("*"):
+        if path.is_file() and path.name not in (matrix.MARKER, records.RECORDS):
+            path.unlink()
+    assert compare.main([*SMOKE, "--out", str(out)]) == 0
+    third = capsys.readouterr().out
+    assert third.count(": done") == 8 and ": running" not in third and ": resuming" not in third
+    assert json.loads((out / "summary.json").read_text())["methods"] == summary["methods"]
+
     # the docs' tables come from the summary, between the markers, and nothing else changes
-    render = _load("render")
     doc = tmp_path / "doc.md"
     doc.write_text(f"# Title\n\nintro\n\n{render.DOC_BEGIN}\nold table\n{render.DOC_END}\n\n## After\n")
     args = ["--tables-from", str(out / "summary.json"), "--write-doc", str(doc)]
@@ -94,7 +91,6 @@ def test_an_interrupted_cell_resumes_from_its_checkpoint_and_ends_where_an_unbro
     tmp_path, capsys, monkeypatch
 ):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    compare = _compare()
     args = ["--world", "toy", "--methods", "vgrpo", "--seeds", "0", "--iterations", "4", "--eval-every", "2"]
     args += ["--set", "log.keep_last=2", "--out", str(tmp_path)]
     assert compare.main(args) == 0
@@ -118,8 +114,38 @@ def test_an_interrupted_cell_resumes_from_its_checkpoint_and_ends_where_an_unbro
     assert strip(resumed, "reward") == strip(unbroken, "reward")
 
 
+def test_a_cells_records_are_the_logs_figure_fields_in_its_order(tmp_path):
+    log = [
+        {"kind": "eval", "iteration": 0, "reward": 0.5, "detail/x": 0.1, "wall_seconds": 0.0, "other": 1.0},
+        {
+            "kind": "train",
+            "iteration": 1,
+            "gradient_steps": 2,
+            "time_rollout": 1.5,
+            "loss": 0.2,
+            "diag/cv": 1,
+        },
+        {"kind": "skipped", "iteration": 2, "reason": "a fault"},
+        {"kind": "train", "iteration": 2, "gradient_steps": 1, "time_rollout": 1.25, "time_train": 0.5},
+        {"kind": "eval", "iteration": 2, "reward": 0.625, "detail/x": 0.2, "wall_seconds": 3.0},
+    ]
+    (tmp_path / records.LOG).write_text("".join(json.dumps(r) + "\n" for r in log))
+    records.write(tmp_path)
+    kept = records.load(tmp_path)
+    assert kept == [
+        {"kind": "eval", "iteration": 0, "reward": 0.5, "detail/x": 0.1},
+        {"kind": "train", "iteration": 1, "gradient_steps": 2, "time_rollout": 1.5, "diag/cv": 1},
+        {"kind": "train", "iteration": 2, "gradient_steps": 1, "time_rollout": 1.25, "time_train": 0.5},
+        {"kind": "eval", "iteration": 2, "reward": 0.625, "detail/x": 0.2},
+    ]
+    (tmp_path / records.LOG).unlink()  # what a clone has: the records alone
+    nfe_, kw = [0.0, 10.0, 20.0], {"detail": "detail/x", "target_metric": "detail/x", "target": 0.15}
+    full = aggregate.seed_figures([r for r in log if r["kind"] != "skipped"], nfe_, **kw)
+    assert aggregate.seed_figures(records.load(tmp_path), nfe_, **kw) == full
+    assert aggregate.selection_score(records.load(tmp_path)) == aggregate.selection_score(log)
+
+
 def test_t_intervals_match_the_tables_and_the_selection_rule_is_the_last_two_evaluations():
-    aggregate = _load("aggregate")
     mean, half = aggregate.t_interval([1.0, 2.0, 3.0])
     assert mean == 2.0 and half == pytest.approx(4.302653 / math.sqrt(3), rel=1e-6)  # t_{0.975, 2}
     values = [0.5, 0.7, 0.4, 0.9, 0.6]
@@ -129,13 +155,11 @@ def test_t_intervals_match_the_tables_and_the_selection_rule_is_the_last_two_eva
     evals = [{"kind": "eval", "iteration": i, "reward": r} for i, r in enumerate([0.1, 0.9, 0.2, 0.4])]
     assert aggregate.selection_score([*evals, {"kind": "train", "reward": 5.0}]) == pytest.approx(0.3)
     assert aggregate.selection_score([*evals, {"kind": "eval", "reward": math.nan}]) == -math.inf
-    matrix = _load("matrix")
     assert matrix.choose_rate({1e-3: [0.5, 0.7], 1e-2: [0.6, 0.6], 3e-2: [-math.inf, 0.9]}) == 1e-3  # tie
     assert matrix.choose_rate({1e-3: [-math.inf], 1e-2: [-math.inf]}) is None
 
 
 def test_targets_are_reached_where_the_curve_first_crosses_them():
-    aggregate = _load("aggregate")
     records = [
         {"kind": "eval", "iteration": 0, "reward": 0.1, "wall_seconds": 0.0, "detail/x": 0.2},
         {
@@ -193,8 +217,6 @@ def test_targets_are_reached_where_the_curve_first_crosses_them():
 )
 def test_nfe_per_iteration_counts_the_forwards_a_real_iteration_makes(tmp_path, method, gradient_steps):
     """Independent count: rows through ``adapter.predict`` during one training iteration."""
-    compare = _compare()
-    nfe = compare.nfe
     from vgrpo_platform.config.recipe import resolve_recipe
     from vgrpo_platform.training.loop import Trainer
 
@@ -204,11 +226,11 @@ def test_nfe_per_iteration_counts_the_forwards_a_real_iteration_makes(tmp_path, 
         "log.diagnostics_every=0",
         f"train.gradient_steps_per_iteration={gradient_steps}",
         "rollout.steps=6",
-        *compare.METHODS[method],
+        *METHODS[method],
     ]
     if method == "awm_authors":
         overrides.append("surrogate.options={n_mc=2}")
-    resolved = resolve_recipe(compare.WORLDS["toy"], overrides)
+    resolved = resolve_recipe(WORLDS["toy"], overrides)
     trainer = Trainer(resolved)
     adapter = trainer.session.adapter
     counted = [0]
@@ -224,10 +246,10 @@ def test_nfe_per_iteration_counts_the_forwards_a_real_iteration_makes(tmp_path, 
 
 
 def test_the_rollout_backends_benchmark_runs_at_toy_size_and_resumes_its_cells(tmp_path, capsys, monkeypatch):
-    """benchmarks/rollout_backends.py: every arm and the one-core pair run once, the table has a row per
-    arm with ratios to in_process, and a second invocation reuses every cell (runs nothing)."""
+    """python -m benchmarks.rollout_backends: every arm and the one-core pair run once, the table has a row
+    per arm with ratios to in_process, and a second invocation reuses every cell (runs nothing)."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    bench = _load("rollout_backends")
+    bench = rollout_backends
     args = ["--world", "toy", "--iterations", "2", "--seeds", "0", "1", "--one-core-iterations", "2"]
     args += ["--out", str(tmp_path / "out"), "--work", str(tmp_path / "runs")]
     assert bench.main(args) == 0

@@ -1,24 +1,20 @@
-"""benchmarks/verdicts.py: the paper's claims judged from per-seed figures, the Welch interval checked
+"""benchmarks.verdicts: the paper's claims judged from per-seed figures, the Welch interval checked
 against SciPy's own two-sample t-test, and each branch of the rule (confirmed, refuted, undecided,
 a target some seeds never reached) on figures built by hand."""
 
 from __future__ import annotations
 
-import importlib
 import math
-import sys
-from pathlib import Path
 
 import pytest
 from scipy import stats
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 @pytest.fixture(scope="module")
 def verdicts():  # noqa: ANN201
-    sys.path.insert(0, str(ROOT / "benchmarks"))  # as compare.py and render.py import it
-    return importlib.import_module("verdicts")
+    from benchmarks import verdicts
+
+    return verdicts
 
 
 def _summary(methods: dict[str, list[dict]], ablations: dict[str, list[dict]] | None = None) -> dict:

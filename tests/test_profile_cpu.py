@@ -1,10 +1,8 @@
-"""benchmarks/profile_cpu.py's accounting: a region's self-time leaves out the regions nested in it,
+"""benchmarks.profile_cpu's accounting: a region's self-time leaves out the regions nested in it,
 regions outside an iteration are not counted, and the regions plus "everything else" add up."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,11 +12,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def profile():  # noqa: ANN201
-    spec = importlib.util.spec_from_file_location("profile_cpu", ROOT / "benchmarks" / "profile_cpu.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["profile_cpu"] = module
-    spec.loader.exec_module(module)
-    return module
+    from benchmarks import profile_cpu
+
+    return profile_cpu
 
 
 def test_nested_regions_count_self_time_only(profile, monkeypatch):

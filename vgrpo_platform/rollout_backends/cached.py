@@ -44,7 +44,7 @@ CACHES = {
 """``rollout.backend_options.cache`` -> how diffusers applies and names it."""
 DEFAULT_OPTIONS = {"taylorseer": {"cache_interval": 2, "disable_cache_before_step": 3}}
 """Options under the recipe's own: TaylorSeer recomputes every second step after the third, the
-setting ``benchmarks/rollout_backends.py --probe`` chose on the 8-step quickstart (0.80x the exact
+setting ``python -m benchmarks.rollout_backends --probe`` chose on the 8-step quickstart (0.80x the exact
 rollout's time at 0.13 relative latent distance; diffusers' defaults, made for 28-50 steps, saved
 little there at 0.24)."""
 
