@@ -13,9 +13,11 @@ PINNED = {
         "SamplerSpec", "Samples", "Surrogate", "SurrogateBase",
     ],
     "vgrpo_platform.hookspecs": [
-        "hookimpl", "register_adapters", "register_commands", "register_rewards", "register_surrogates",
+        "hookimpl", "register_components", "register_commands",
+        # the deprecated per-kind hooks, still called for one release
+        "register_adapters", "register_rewards", "register_surrogates", "register_rollout_backends",
     ],
-    "vgrpo_platform.registry": ["ComponentSpec", "PluginConfig"],
+    "vgrpo_platform.registry": ["KINDS", "Component", "ComponentSpec", "PluginConfig", "lazy_factory"],
     "vgrpo_platform.schedules": ["RectifiedFlowSchedule", "expand_like"],
     "vgrpo_platform.sampling": ["make_scheduler", "solve_flow_ode"],
     "vgrpo_platform.errors": ["PluginError", "RecipeError", "RewardError", "VgrpoError"],
@@ -31,8 +33,9 @@ PINNED = {
         "PROTOCOL", "WireError", "decode_samples", "decode_scores", "encode_request", "encode_samples",
         "encode_scores",
     ],
-    # old paths kept as re-exports of their new homes (host.plugins, training.optimizer)
+    # old paths kept as re-exports of their new homes (host.collect, training.optimizer), deprecated
     "vgrpo_platform.plugins": ["ComponentRegistry", "default_registry"],
+    "vgrpo_platform.host.plugins": ["ComponentRegistry", "build_plugin_manager", "collect_components"],
     "vgrpo_platform.lr_schedule": ["lr_factor"],
 }  # fmt: skip
 

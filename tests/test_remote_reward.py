@@ -30,7 +30,7 @@ from werkzeug.wrappers import Request, Response
 from vgrpo_platform import reward_wire as wire
 from vgrpo_platform.cli.reward_server import RewardApp
 from vgrpo_platform.errors import RewardError
-from vgrpo_platform.host.plugins import default_registry
+from vgrpo_platform.host.collect import default_registry
 from vgrpo_platform.protocols import Samples
 from vgrpo_platform.training.metrics import without_timing
 from vgrpo_platform.training.scoring import WeightedReward, score_all

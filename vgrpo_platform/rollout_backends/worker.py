@@ -41,7 +41,7 @@ def _start(adapter_name: str, adapter_config: Any, train: Any, context: Any, thr
     if threads:
         torch.set_num_threads(threads)
     try:
-        from vgrpo_platform.host.plugins import default_registry
+        from vgrpo_platform.host.collect import default_registry
         from vgrpo_platform.training.session import make_trainable
 
         torch.manual_seed(context.seed)
