@@ -26,7 +26,8 @@ from vgrpo_adapters._diffusers_common import EXPORT_INFO, ModelWeightsError
 
 from vgrpo_platform import finetune
 from vgrpo_platform.cli.sample import sample_to_folder
-from vgrpo_platform.host.plugins import build_plugin_manager, collect_components
+from vgrpo_platform.host.collect import collect_components
+from vgrpo_platform.host.manager import build_plugin_manager
 from vgrpo_platform.protocols import Adapter, BuildContext, SamplerSpec
 from vgrpo_platform.training.observe.metrics import read_metrics
 
@@ -47,7 +48,7 @@ def reward_plugin_or_skip(name: str) -> Any:
         module = importlib.import_module(f"vgrpo_rewards.{name}")
     except ImportError:
         module = None
-    if not hasattr(module, "register_rewards"):
+    if not hasattr(module, "register_components"):
         pytest.skip(f"reward plugin {name} is not written yet")
     return module
 

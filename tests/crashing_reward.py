@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from vgrpo_platform.hookspecs import hookimpl
-from vgrpo_platform.registry import PluginConfig
+from vgrpo_platform.registry import Component, PluginConfig
 
 
 class Config(PluginConfig):
@@ -40,5 +40,9 @@ def build(config: Config, context: Any) -> CrashingBrightness:
 
 
 @hookimpl
-def register_rewards(register):  # noqa: ANN001, ANN201
-    register("crashing_brightness", build, Config, summary="brightness whose process dies on demand (tests)")
+def register_components() -> list[Component]:
+    return [
+        Component(
+            "reward", "crashing_brightness", build, Config, "brightness whose process dies on demand (tests)"
+        )
+    ]

@@ -23,7 +23,7 @@ from vgrpo_adapters.audio.impl import LongCatAudioAdapter
 from vgrpo_rewards import audio as audio_rewards
 
 from vgrpo_platform import media
-from vgrpo_platform.algo.surrogates import plugin as surrogates_plugin
+from vgrpo_platform.algo.surrogates import entry as surrogates_plugin
 from vgrpo_platform.cli.sample import write_samples
 from vgrpo_platform.config.recipe import resolve_recipe
 from vgrpo_platform.protocols import BuildContext, SamplerSpec

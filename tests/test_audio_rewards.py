@@ -11,7 +11,8 @@ from tiny_clip import save_clap
 from vgrpo_rewards import audio as audio_rewards
 from vgrpo_rewards.audio.impl import LoudnessReward, SilenceRatioReward, SpectralFlatnessReward
 
-from vgrpo_platform.host.plugins import build_plugin_manager, collect_components
+from vgrpo_platform.host.collect import collect_components
+from vgrpo_platform.host.manager import build_plugin_manager
 from vgrpo_platform.protocols import BuildContext, Samples
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -17,8 +17,9 @@ from typer.testing import CliRunner
 from vgrpo_platform.cli import app as cli
 from vgrpo_platform.errors import RecipeError
 from vgrpo_platform.hookspecs import hookimpl
-from vgrpo_platform.host.plugins import build_plugin_manager, default_registry
-from vgrpo_platform.registry import PluginConfig
+from vgrpo_platform.host.collect import default_registry
+from vgrpo_platform.host.manager import build_plugin_manager
+from vgrpo_platform.registry import Component, PluginConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY_RECIPE = ROOT / "recipes" / "toy.toml"
@@ -54,21 +55,16 @@ def factory(config, context):
     raise AssertionError("vgrpo check/plugins must not build components")
 
 
-# intended copy of tests/test_plugins.py (PluginA): a fake plugin with this CLI suite's own names
 class TestPlugin:
     vgrpo_distribution = "test-dist"
 
     @hookimpl
-    def register_adapters(self, register):
-        register("toy", factory, ToyConfig, summary="toy adapter for tests")
-
-    @hookimpl
-    def register_rewards(self, register):
-        register("brightness", factory, EmptyConfig, summary="mean pixel value")
-
-    @hookimpl
-    def register_surrogates(self, register):
-        register("vgrpo", factory, EmptyConfig)
+    def register_components(self):
+        return [
+            Component("adapter", "toy", factory, ToyConfig, "toy adapter for tests"),
+            Component("reward", "brightness", factory, EmptyConfig, "mean pixel value"),
+            Component("surrogate", "vgrpo", factory, EmptyConfig),
+        ]
 
     @hookimpl
     def register_commands(self, app):

@@ -14,7 +14,7 @@ import pytest
 import torch
 from pydantic import ConfigDict
 
-from vgrpo_platform.host.plugins import default_registry
+from vgrpo_platform.host.collect import default_registry
 from vgrpo_platform.network import CoreCalledAdapter
 from vgrpo_platform.noise_schedules import RectifiedFlowSchedule
 from vgrpo_platform.protocols import BuildContext, SamplerSpec, Samples

@@ -18,7 +18,7 @@ from vgrpo_platform.algo.diagnostics import (
     surrogate_diagnostics,
     within_group_cv,
 )
-from vgrpo_platform.algo.surrogates.plugin import NaiveELBOConfig, VGRPOConfig
+from vgrpo_platform.algo.surrogates.configs import NaiveELBOConfig, VGRPOConfig
 from vgrpo_platform.algo.surrogates.vgrpo import VGRPOSurrogate
 from vgrpo_platform.protocols import RolloutBatch
 

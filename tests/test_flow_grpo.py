@@ -14,8 +14,8 @@ from torch.distributions import Independent, Normal, kl_divergence
 from toy_runs import surrogate_toy_run
 
 from vgrpo_platform.algo import sde
+from vgrpo_platform.algo.surrogates.configs import FlowGRPOConfig
 from vgrpo_platform.algo.surrogates.flow_grpo import FlowGRPOSurrogate, euler_grid, window_mask, window_start
-from vgrpo_platform.algo.surrogates.plugin import FlowGRPOConfig
 from vgrpo_platform.finetune import enable_full_finetune
 from vgrpo_platform.protocols import RolloutBatch, SamplerSpec
 
@@ -239,7 +239,7 @@ def dance_flux_step(z, v, sigma, sigma_next, eta):  # noqa: ANN001, ANN201
 
 
 def test_dance_grpo_step_is_its_flux_step_and_its_rollout_log_probs_are_those_gaussians():
-    from vgrpo_platform.algo.surrogates.plugin import DanceGRPOConfig
+    from vgrpo_platform.algo.surrogates.configs import DanceGRPOConfig
 
     adapter = TinyAdapter()
     surrogate = FlowGRPOSurrogate(DanceGRPOConfig())
@@ -256,7 +256,7 @@ def test_dance_grpo_step_is_its_flux_step_and_its_rollout_log_probs_are_those_ga
 
 
 def test_dance_grpo_trains_a_random_subset_of_the_steps_but_the_last_per_sample():
-    from vgrpo_platform.algo.surrogates.plugin import DanceGRPOConfig
+    from vgrpo_platform.algo.surrogates.configs import DanceGRPOConfig
 
     adapter = TinyAdapter()
     steps = 11
@@ -279,7 +279,7 @@ def test_dance_grpo_trains_a_random_subset_of_the_steps_but_the_last_per_sample(
 
 
 def test_dance_grpo_gradient_is_the_mean_over_each_samples_own_steps():
-    from vgrpo_platform.algo.surrogates.plugin import DanceGRPOConfig
+    from vgrpo_platform.algo.surrogates.configs import DanceGRPOConfig
 
     adapter = TinyAdapter()
     surrogate = FlowGRPOSurrogate(DanceGRPOConfig())
@@ -354,8 +354,8 @@ def test_group_shared_initial_noise_copies_each_groups_first_draw_and_leaves_oth
 
 
 def test_flow_grpo_fast_branches_once_per_iteration_at_a_uniform_early_step():
+    from vgrpo_platform.algo.surrogates.configs import FlowGRPOFastConfig
     from vgrpo_platform.algo.surrogates.flow_grpo import random_window_start
-    from vgrpo_platform.algo.surrogates.plugin import FlowGRPOFastConfig
 
     cfg = FlowGRPOFastConfig()
     assert cfg.window_size == 2 and cfg.kl_beta == 0 and cfg.shared_initial_noise

@@ -30,7 +30,7 @@ from vgrpo_adapters.flux2 import Flux2AdapterConfig, Flux2KleinAdapterConfig
 from vgrpo_adapters.flux2.impl import Flux2Adapter, Flux2KleinAdapter
 from vgrpo_rewards import toy as toy_rewards
 
-from vgrpo_platform.algo.surrogates import plugin as surrogates_plugin
+from vgrpo_platform.algo.surrogates import entry as surrogates_plugin
 from vgrpo_platform.config.recipe import resolve_recipe
 from vgrpo_platform.protocols import BuildContext, SamplerSpec
 from vgrpo_platform.training.loop import Trainer

@@ -26,7 +26,7 @@ from vgrpo_adapters.flux import FluxAdapterConfig
 from vgrpo_adapters.flux.impl import FluxAdapter
 from vgrpo_rewards import toy as toy_rewards
 
-from vgrpo_platform.algo.surrogates import plugin as surrogates_plugin
+from vgrpo_platform.algo.surrogates import entry as surrogates_plugin
 from vgrpo_platform.cli.sample import sample_to_folder
 from vgrpo_platform.config.recipe import resolve_recipe
 from vgrpo_platform.protocols import BuildContext, SamplerSpec

@@ -26,7 +26,8 @@ from tiny_clip import (
 from vgrpo_rewards import aesthetic, clipscore, hpsv2, imagereward, jpeg, ocr, pickscore
 
 from vgrpo_platform.errors import RewardError
-from vgrpo_platform.host.plugins import build_plugin_manager, collect_components
+from vgrpo_platform.host.collect import collect_components
+from vgrpo_platform.host.manager import build_plugin_manager
 from vgrpo_platform.protocols import BuildContext, Reward, Samples
 
 ENTRY_MODULES = (pickscore, clipscore, aesthetic, jpeg, hpsv2, imagereward, ocr)

@@ -15,8 +15,8 @@ from tiny_models import LinearVelocityAdapter as TinyAdapter
 from toy_runs import surrogate_toy_run
 
 from vgrpo_platform.algo.surrogates.awm import AWMSurrogate
+from vgrpo_platform.algo.surrogates.configs import AWMConfig, DiffusionNFTConfig
 from vgrpo_platform.algo.surrogates.nft import DiffusionNFTSurrogate, ema_decay, implicit_policies
-from vgrpo_platform.algo.surrogates.plugin import AWMConfig, DiffusionNFTConfig
 from vgrpo_platform.noise_schedules import RectifiedFlowSchedule
 from vgrpo_platform.protocols import RolloutBatch
 
@@ -196,13 +196,11 @@ def test_nft_and_awm_train_through_the_loop_with_ema_updates_and_diagnostics(tmp
 
 
 def test_the_baselines_register_with_documented_options():
+    from vgrpo_platform.algo.surrogates.configs import FlowGRPOConfig
+    from vgrpo_platform.algo.surrogates.entry import register_components
     from vgrpo_platform.algo.surrogates.flow_grpo import FlowGRPOSurrogate
-    from vgrpo_platform.algo.surrogates.plugin import FlowGRPOConfig, register_surrogates
 
-    seen = {}
-    register_surrogates(
-        lambda name, factory, config, summary="": seen.update({name: (factory, config, summary)})
-    )
+    seen = {c.name: (c.factory, c.config, c.summary) for c in register_components()}
     expected = {
         "flow_grpo": FlowGRPOSurrogate,
         "dance_grpo": FlowGRPOSurrogate,
@@ -258,7 +256,7 @@ def test_awm_grid_timesteps_follow_the_authors_stratified_discrete_rule():
             assert torch.all((counts - 1 / (hi - lo)).abs() < 0.03)  # uniform within the stratum
     adapter = TinyAdapter(shift=3.0)
     batch = make_batch([1.0, -1.0, 0.5, -0.5], group_ids=[0, 0, 1, 1])
-    from vgrpo_platform.algo.surrogates.plugin import AWMAuthorsConfig
+    from vgrpo_platform.algo.surrogates.configs import AWMAuthorsConfig
 
     AWMSurrogate(AWMAuthorsConfig()).prepare(batch, adapter, torch.Generator().manual_seed(1))
     t = batch.state.t
@@ -286,7 +284,7 @@ def authors_loss(adapter, batch, cfg, ref: TinyAdapter, ema: TinyAdapter):  # no
 
 
 def test_awm_authors_gradient_is_the_authors_loss_with_its_ema_and_reference_penalties():
-    from vgrpo_platform.algo.surrogates.plugin import AWMAuthorsConfig
+    from vgrpo_platform.algo.surrogates.configs import AWMAuthorsConfig
     from vgrpo_platform.finetune import enable_full_finetune
 
     adapter = TinyAdapter(shift=3.0)

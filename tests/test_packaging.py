@@ -32,7 +32,7 @@ def test_plugin_folders_install_under_collision_free_names():
 def test_builtins_are_registered_only_through_entry_points():
     eps = importlib.metadata.entry_points(group="vgrpo")
     ours = {ep.value for ep in eps if ep.dist is not None and ep.dist.name == "vgrpo"}
-    assert {"vgrpo_adapters.toy", "vgrpo_rewards.toy", "vgrpo_platform.algo.surrogates.plugin"} <= ours
+    assert {"vgrpo_adapters.toy", "vgrpo_rewards.toy", "vgrpo_platform.algo.surrogates.entry"} <= ours
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[p.name for p in RECIPES])

@@ -13,9 +13,11 @@ PINNED = {
         "SamplerSpec", "Samples", "Surrogate", "SurrogateBase",
     ],
     "vgrpo_platform.hookspecs": [
-        "hookimpl", "register_adapters", "register_commands", "register_rewards", "register_surrogates",
+        "hookimpl", "register_components", "register_commands",
+        # the deprecated per-kind hooks, still called for one release
+        "register_adapters", "register_rewards", "register_surrogates", "register_rollout_backends",
     ],
-    "vgrpo_platform.registry": ["ComponentSpec", "PluginConfig"],
+    "vgrpo_platform.registry": ["KINDS", "Component", "ComponentSpec", "PluginConfig", "lazy_factory"],
     "vgrpo_platform.noise_schedules": ["RectifiedFlowSchedule", "expand_like"],
     "vgrpo_platform.ode_solvers": ["make_scheduler", "solve_flow_ode"],
     "vgrpo_platform.errors": ["PluginError", "RecipeError", "RewardError", "VgrpoError"],
@@ -35,9 +37,12 @@ PINNED = {
 
 DEPRECATED = {  # old paths, re-exports of their new homes for one release; each warns on import
     "vgrpo_platform.plugins": ["ComponentRegistry", "default_registry"],
+    "vgrpo_platform.host.plugins": ["ComponentRegistry", "build_plugin_manager", "collect_components"],
     "vgrpo_platform.lr_schedule": ["lr_factor"],
     "vgrpo_platform.sampling": ["make_scheduler", "solve_flow_ode"],
     "vgrpo_platform.schedules": ["RectifiedFlowSchedule", "expand_like"],
+    "vgrpo_platform.algo.surrogates.plugin": ["build_vgrpo", "register_components"],
+    "vgrpo_platform.rollout_backends.plugin": ["CachedConfig", "WorkerConfig", "register_components"],
 }
 
 

@@ -11,9 +11,10 @@ from vgrpo_adapters import shapes as shapes_adapter
 from vgrpo_rewards import shapes as shapes_reward
 from vgrpo_rewards.shapes.world import heldout_partner_split
 
-from vgrpo_platform.algo.surrogates import plugin as surrogates
+from vgrpo_platform.algo.surrogates import entry as surrogates
 from vgrpo_platform.config.recipe import resolve_recipe
-from vgrpo_platform.host.plugins import build_plugin_manager, collect_components
+from vgrpo_platform.host.collect import collect_components
+from vgrpo_platform.host.manager import build_plugin_manager
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

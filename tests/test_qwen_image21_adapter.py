@@ -25,7 +25,7 @@ from vgrpo_adapters.qwen_image21 import QwenImage21AdapterConfig
 from vgrpo_adapters.qwen_image21.impl import QwenImage21Adapter
 from vgrpo_rewards import toy as toy_rewards
 
-from vgrpo_platform.algo.surrogates import plugin as surrogates_plugin
+from vgrpo_platform.algo.surrogates import entry as surrogates_plugin
 from vgrpo_platform.config.recipe import resolve_recipe
 from vgrpo_platform.protocols import BuildContext, SamplerSpec
 

@@ -29,7 +29,7 @@ from vgrpo_adapters.qwen_image.impl import QwenImageAdapter, trim_text
 from vgrpo_rewards import toy as toy_rewards
 
 from vgrpo_platform import finetune
-from vgrpo_platform.algo.surrogates import plugin as surrogates_plugin
+from vgrpo_platform.algo.surrogates import entry as surrogates_plugin
 from vgrpo_platform.config.recipe import resolve_recipe
 from vgrpo_platform.protocols import BuildContext, SamplerSpec
 from vgrpo_platform.training.loop import Trainer

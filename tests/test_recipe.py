@@ -25,8 +25,9 @@ from vgrpo_platform.config.recipe import (
 from vgrpo_platform.config.schema import PromptsSection, Recipe, TrainSection
 from vgrpo_platform.errors import RecipeError
 from vgrpo_platform.hookspecs import hookimpl
-from vgrpo_platform.host.plugins import build_plugin_manager, collect_components
-from vgrpo_platform.registry import PluginConfig
+from vgrpo_platform.host.collect import collect_components
+from vgrpo_platform.host.manager import build_plugin_manager
+from vgrpo_platform.registry import Component, PluginConfig
 
 GOOD = """
 [adapter]
@@ -71,17 +72,13 @@ class TestPlugin:
     vgrpo_distribution = "test-dist"
 
     @hookimpl
-    def register_adapters(self, register):
-        register("toy", factory, ToyConfig)
-
-    @hookimpl
-    def register_rewards(self, register):
-        register("brightness", factory, ImageReward)
-        register("loudness", factory, AudioReward)
-
-    @hookimpl
-    def register_surrogates(self, register):
-        register("vgrpo", factory, SurrogateConfig)
+    def register_components(self):
+        return [
+            Component("adapter", "toy", factory, ToyConfig),
+            Component("reward", "brightness", factory, ImageReward),
+            Component("reward", "loudness", factory, AudioReward),
+            Component("surrogate", "vgrpo", factory, SurrogateConfig),
+        ]
 
 
 @pytest.fixture

@@ -30,7 +30,7 @@ from werkzeug.wrappers import Request, Response
 from vgrpo_platform import reward_wire as wire
 from vgrpo_platform.cli.reward_server import RewardApp
 from vgrpo_platform.errors import RewardError
-from vgrpo_platform.host.plugins import default_registry
+from vgrpo_platform.host.collect import default_registry
 from vgrpo_platform.protocols import Samples
 from vgrpo_platform.training.iteration.scoring import WeightedReward, score_all
 from vgrpo_platform.training.observe.metrics import without_timing

@@ -12,7 +12,8 @@ import torch
 
 from vgrpo_platform.config.recipe import resolve_recipe
 from vgrpo_platform.errors import RecipeError, RewardError
-from vgrpo_platform.host.plugins import build_plugin_manager, collect_components
+from vgrpo_platform.host.collect import collect_components
+from vgrpo_platform.host.manager import build_plugin_manager
 from vgrpo_platform.protocols import Samples
 from vgrpo_platform.training.iteration.reward_workers import GroupFeeder, InlineScorer
 from vgrpo_platform.training.iteration.scoring import WeightedReward

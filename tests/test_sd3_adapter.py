@@ -23,7 +23,7 @@ from vgrpo_adapters.sd3 import SD3AdapterConfig
 from vgrpo_adapters.sd3.impl import SD3Adapter
 from vgrpo_rewards import toy as toy_rewards
 
-from vgrpo_platform.algo.surrogates import plugin as surrogates_plugin
+from vgrpo_platform.algo.surrogates import entry as surrogates_plugin
 from vgrpo_platform.config.recipe import resolve_recipe
 from vgrpo_platform.protocols import BuildContext, SamplerSpec
 from vgrpo_platform.training.loop import Trainer

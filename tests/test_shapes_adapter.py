@@ -26,7 +26,8 @@ from vgrpo_adapters.shapes.pretrain import (
 from vgrpo_adapters.toy.impl import ToyAdapter
 from vgrpo_rewards.shapes.world import all_prompts, heldout_prompts, parse_prompt
 
-from vgrpo_platform.host.plugins import build_plugin_manager, collect_components
+from vgrpo_platform.host.collect import collect_components
+from vgrpo_platform.host.manager import build_plugin_manager
 from vgrpo_platform.protocols import Adapter, BuildContext, Samples
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -188,13 +188,9 @@ def _registered() -> dict:
     pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
     pm.add_hookspecs(hookspecs)
     pm.register(plugin)
-    got = {}
-
-    def register(name, factory, config, summary=""):
-        got[name] = (factory, config, summary)
-
-    pm.hook.register_rewards(register=register)
-    return got
+    return {
+        c.name: (c.factory, c.config, c.summary) for records in pm.hook.register_components() for c in records
+    }
 
 
 def _build(**options) -> Reward:

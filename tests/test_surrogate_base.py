@@ -12,9 +12,10 @@ from vgrpo_platform.algo.surrogates.vgrpo import VGRPOSurrogate
 from vgrpo_platform.config.recipe import resolve_recipe
 from vgrpo_platform.errors import PluginError
 from vgrpo_platform.hookspecs import hookimpl
-from vgrpo_platform.host.plugins import build_plugin_manager, collect_components
+from vgrpo_platform.host.collect import collect_components
+from vgrpo_platform.host.manager import build_plugin_manager
 from vgrpo_platform.protocols import SurrogateBase
-from vgrpo_platform.registry import PluginConfig
+from vgrpo_platform.registry import Component, PluginConfig
 from vgrpo_platform.training.loop import Trainer
 
 TOY = Path(__file__).resolve().parents[1] / "recipes" / "toy.toml"
@@ -60,9 +61,15 @@ class NotASurrogateBase:
 
 class Plugin:
     @hookimpl
-    def register_surrogates(self, register):  # noqa: ANN001, ANN201
-        register("hooks_recorded", lambda config, context: OnlyPrepareAndLoss(), Options, summary="test")
-        register("not_a_base", lambda config, context: NotASurrogateBase(), Options, summary="test")
+    def register_components(self) -> list[Component]:
+        return [
+            Component(
+                "surrogate", "hooks_recorded", lambda config, context: OnlyPrepareAndLoss(), Options, "test"
+            ),
+            Component(
+                "surrogate", "not_a_base", lambda config, context: NotASurrogateBase(), Options, "test"
+            ),
+        ]
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,8 @@ from vgrpo_adapters.toy import ToyAdapterConfig
 from vgrpo_adapters.toy.build import BUILD_FILE, build_toy_model
 from vgrpo_adapters.toy.impl import ToyAdapter
 
-from vgrpo_platform.host.plugins import build_plugin_manager, collect_components
+from vgrpo_platform.host.collect import collect_components
+from vgrpo_platform.host.manager import build_plugin_manager
 from vgrpo_platform.protocols import Adapter, BuildContext, SamplerSpec
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

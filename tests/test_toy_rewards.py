@@ -11,7 +11,8 @@ import torch
 from vgrpo_rewards import toy as toy_entry
 from vgrpo_rewards.toy import BrightnessConfig, TargetColorConfig
 
-from vgrpo_platform.host.plugins import build_plugin_manager, collect_components
+from vgrpo_platform.host.collect import collect_components
+from vgrpo_platform.host.manager import build_plugin_manager
 from vgrpo_platform.protocols import BuildContext, Reward, Samples
 
 

@@ -14,8 +14,9 @@ from tiny_models import DT
 from tiny_models import LinearVelocityAdapter as TinyAdapter
 
 from vgrpo_platform.algo.surrogates import vgrpo as vgrpo_module
+from vgrpo_platform.algo.surrogates.configs import NaiveELBOConfig, VGRPOConfig
 from vgrpo_platform.algo.surrogates.elbo import pair_loss
-from vgrpo_platform.algo.surrogates.plugin import NaiveELBOConfig, VGRPOConfig, register_surrogates
+from vgrpo_platform.algo.surrogates.entry import register_components
 from vgrpo_platform.algo.surrogates.vgrpo import VGRPOSurrogate
 from vgrpo_platform.network import CoreCalledAdapter
 from vgrpo_platform.noise_schedules import RectifiedFlowSchedule
@@ -366,12 +367,7 @@ def test_loss_requires_advantages_and_prepared_state() -> None:
 
 
 def test_plugin_registers_both_surrogates_with_their_defaults() -> None:
-    seen = {}
-
-    def register(name, factory, config, summary=""):  # noqa: ANN001
-        seen[name] = (factory, config, summary)
-
-    register_surrogates(register)
+    seen = {c.name: (c.factory, c.config, c.summary) for c in register_components()}
     assert {"vgrpo", "elbo_naive"} <= set(seen)  # the baselines register here too (test_nft_awm.py)
     factory, config, summary = seen["vgrpo"]
     assert summary
@@ -389,7 +385,7 @@ def test_plugin_registers_both_surrogates_with_their_defaults() -> None:
 
 def test_plugin_module_does_not_import_torch() -> None:
     code = (
-        "import sys, vgrpo_platform.algo.surrogates.plugin; "
+        "import sys, vgrpo_platform.algo.surrogates.entry; "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -8,7 +8,8 @@ from vgrpo_rewards import toy as toy_rewards
 from vgrpo_rewards import video as video_rewards
 from vgrpo_rewards.video.impl import MotionReward, TemporalConsistencyReward, frame_indices
 
-from vgrpo_platform.host.plugins import build_plugin_manager, collect_components
+from vgrpo_platform.host.collect import collect_components
+from vgrpo_platform.host.manager import build_plugin_manager
 from vgrpo_platform.protocols import BuildContext, Samples
 
 

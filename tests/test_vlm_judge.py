@@ -34,7 +34,7 @@ from vgrpo_rewards.vlm_judge import (
 )
 
 from vgrpo_platform.errors import RewardError
-from vgrpo_platform.host.plugins import default_registry
+from vgrpo_platform.host.collect import default_registry
 from vgrpo_platform.protocols import Samples
 
 PROMPTS = ["a red fox in the snow", "a lighthouse at dusk", "a bowl of ramen", "a red fox in the snow"]

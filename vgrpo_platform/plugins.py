@@ -1,9 +1,21 @@
-"""Old path of the plugin host (now ``vgrpo_platform.host.plugins``), kept for plugins that look up
-other components: a reward may build another installed reward by name (``rewards/video`` does).
+"""Deprecated path of the plugin host, kept for one release for plugins that look up other components.
 
-A shim, not the home: new code imports ``vgrpo_platform.host.plugins``.
+New code imports ``default_registry`` from ``vgrpo_platform.host.collect`` and ``ComponentRegistry``
+from ``vgrpo_platform.host.components``.
 """
 
-from vgrpo_platform.host.plugins import ComponentRegistry, default_registry
+from __future__ import annotations
+
+import warnings
+
+from vgrpo_platform.host.collect import default_registry
+from vgrpo_platform.host.components import ComponentRegistry
+
+warnings.warn(
+    "vgrpo_platform.plugins is deprecated: import default_registry from vgrpo_platform.host.collect and "
+    "ComponentRegistry from vgrpo_platform.host.components",
+    DeprecationWarning,
+    stacklevel=2,
+)
 
 __all__ = ["ComponentRegistry", "default_registry"]

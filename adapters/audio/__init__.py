@@ -14,7 +14,9 @@ from typing import ClassVar
 
 from pydantic import Field
 from vgrpo_adapters._diffusers_options import DiffusersModelConfig
-from vgrpo_adapters._entry import adapter_hook
+
+from vgrpo_platform.hookspecs import hookimpl
+from vgrpo_platform.registry import Component
 
 
 class LongCatAudioConfig(DiffusersModelConfig):
@@ -50,12 +52,14 @@ class LongCatAudioConfig(DiffusersModelConfig):
     )
 
 
-register_adapters = adapter_hook(
-    __name__,
-    (
-        "longcat_audio",
-        "vgrpo_adapters.audio.impl:LongCatAudioAdapter.from_config",
-        LongCatAudioConfig,
-        "LongCat-AudioDiT text-to-audio (diffusers, rectified flow): DiT trained, VAE + UMT5 frozen.",
-    ),
-)
+@hookimpl
+def register_components() -> list[Component]:
+    return [
+        Component(
+            "adapter",
+            "longcat_audio",
+            "vgrpo_adapters.audio.impl:LongCatAudioAdapter.from_config",
+            LongCatAudioConfig,
+            "LongCat-AudioDiT text-to-audio (diffusers, rectified flow): DiT trained, VAE + UMT5 frozen.",
+        ),
+    ]

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from pydantic import Field
 from vgrpo_adapters._diffusers_options import DiffusersAdapterConfig
-from vgrpo_adapters._entry import adapter_hook
+
+from vgrpo_platform.hookspecs import hookimpl
+from vgrpo_platform.registry import Component
 
 
 class FluxAdapterConfig(DiffusersAdapterConfig):
@@ -30,12 +32,14 @@ class FluxAdapterConfig(DiffusersAdapterConfig):
     )
 
 
-register_adapters = adapter_hook(
-    __name__,
-    (
-        "flux",
-        "vgrpo_adapters.flux.impl:FluxAdapter.from_config",
-        FluxAdapterConfig,
-        "FLUX.1 text-to-image (diffusers FluxPipeline): transformer trained, VAE + CLIP/T5 frozen.",
-    ),
-)
+@hookimpl
+def register_components() -> list[Component]:
+    return [
+        Component(
+            "adapter",
+            "flux",
+            "vgrpo_adapters.flux.impl:FluxAdapter.from_config",
+            FluxAdapterConfig,
+            "FLUX.1 text-to-image (diffusers FluxPipeline): transformer trained, VAE + CLIP/T5 frozen.",
+        ),
+    ]

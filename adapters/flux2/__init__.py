@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from pydantic import Field
 from vgrpo_adapters._diffusers_options import CFGOptions, DiffusersAdapterConfig
-from vgrpo_adapters._entry import adapter_hook
+
+from vgrpo_platform.hookspecs import hookimpl
+from vgrpo_platform.registry import Component
 
 SHIFT_STEPS_HELP = (
     "Step count whose empirical mu (FLUX.2's compute_empirical_mu, a function of the image token count "
@@ -74,20 +76,23 @@ class Flux2KleinAdapterConfig(DiffusersAdapterConfig, CFGOptions):
     )
 
 
-register_adapters = adapter_hook(
-    __name__,
-    (
-        "flux2",
-        "vgrpo_adapters.flux2.impl:Flux2Adapter.from_config",
-        Flux2AdapterConfig,
-        "FLUX.2 [dev] text-to-image (diffusers Flux2Pipeline): transformer trained, VAE + Mistral-3 frozen, "
-        "embedded guidance.",
-    ),
-    (
-        "flux2_klein",
-        "vgrpo_adapters.flux2.impl:Flux2KleinAdapter.from_config",
-        Flux2KleinAdapterConfig,
-        "FLUX.2 [klein] text-to-image (diffusers Flux2KleinPipeline): transformer trained, VAE + "
-        "Qwen3 frozen, optional true CFG.",
-    ),
-)
+@hookimpl
+def register_components() -> list[Component]:
+    return [
+        Component(
+            "adapter",
+            "flux2",
+            "vgrpo_adapters.flux2.impl:Flux2Adapter.from_config",
+            Flux2AdapterConfig,
+            "FLUX.2 [dev] text-to-image (diffusers Flux2Pipeline): transformer trained, VAE + Mistral-3 "
+            "frozen, embedded guidance.",
+        ),
+        Component(
+            "adapter",
+            "flux2_klein",
+            "vgrpo_adapters.flux2.impl:Flux2KleinAdapter.from_config",
+            Flux2KleinAdapterConfig,
+            "FLUX.2 [klein] text-to-image (diffusers Flux2KleinPipeline): transformer trained, VAE + "
+            "Qwen3 frozen, optional true CFG.",
+        ),
+    ]

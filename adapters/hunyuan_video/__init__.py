@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from pydantic import Field
 from vgrpo_adapters._diffusers_options import CFGOptions, DiffusersVideoConfig
-from vgrpo_adapters._entry import adapter_hook
+
+from vgrpo_platform.hookspecs import hookimpl
+from vgrpo_platform.registry import Component
 
 
 class HunyuanVideo15AdapterConfig(DiffusersVideoConfig, CFGOptions):
@@ -46,13 +48,15 @@ class HunyuanVideo15AdapterConfig(DiffusersVideoConfig, CFGOptions):
     )
 
 
-register_adapters = adapter_hook(
-    __name__,
-    (
-        "hunyuan_video15",
-        "vgrpo_adapters.hunyuan_video.impl:HunyuanVideo15Adapter.from_config",
-        HunyuanVideo15AdapterConfig,
-        "HunyuanVideo 1.5 text-to-video (diffusers): 8.3B DiT trained, video VAE + Qwen2.5-VL/ByT5 "
-        "frozen, CFG as the pipeline's guider.",
-    ),
-)
+@hookimpl
+def register_components() -> list[Component]:
+    return [
+        Component(
+            "adapter",
+            "hunyuan_video15",
+            "vgrpo_adapters.hunyuan_video.impl:HunyuanVideo15Adapter.from_config",
+            HunyuanVideo15AdapterConfig,
+            "HunyuanVideo 1.5 text-to-video (diffusers): 8.3B DiT trained, video VAE + Qwen2.5-VL/ByT5 "
+            "frozen, CFG as the pipeline's guider.",
+        ),
+    ]

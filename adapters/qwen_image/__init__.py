@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from pydantic import Field
 from vgrpo_adapters._diffusers_options import CFGOptions, DiffusersAdapterConfig
-from vgrpo_adapters._entry import adapter_hook
+
+from vgrpo_platform.hookspecs import hookimpl
+from vgrpo_platform.registry import Component
 
 
 class QwenImageAdapterConfig(DiffusersAdapterConfig, CFGOptions):
@@ -42,13 +44,15 @@ class QwenImageAdapterConfig(DiffusersAdapterConfig, CFGOptions):
     )
 
 
-register_adapters = adapter_hook(
-    __name__,
-    (
-        "qwen_image",
-        "vgrpo_adapters.qwen_image.impl:QwenImageAdapter.from_config",
-        QwenImageAdapterConfig,
-        "Qwen-Image text-to-image (diffusers QwenImagePipeline): transformer trained, VAE + "
-        "Qwen2.5-VL frozen, optional true CFG.",
-    ),
-)
+@hookimpl
+def register_components() -> list[Component]:
+    return [
+        Component(
+            "adapter",
+            "qwen_image",
+            "vgrpo_adapters.qwen_image.impl:QwenImageAdapter.from_config",
+            QwenImageAdapterConfig,
+            "Qwen-Image text-to-image (diffusers QwenImagePipeline): transformer trained, VAE + "
+            "Qwen2.5-VL frozen, optional true CFG.",
+        ),
+    ]

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from pydantic import Field
 from vgrpo_adapters._diffusers_options import CFGOptions, DiffusersAdapterConfig
-from vgrpo_adapters._entry import adapter_hook
+
+from vgrpo_platform.hookspecs import hookimpl
+from vgrpo_platform.registry import Component
 
 
 # intended copy of adapters/flux2/__init__.py (Flux2KleinAdapterConfig): own defaults and texts, same shape
@@ -52,13 +54,15 @@ class QwenImage21AdapterConfig(DiffusersAdapterConfig, CFGOptions):
     )
 
 
-register_adapters = adapter_hook(
-    __name__,
-    (
-        "qwen_image21",
-        "vgrpo_adapters.qwen_image21.impl:QwenImage21Adapter.from_config",
-        QwenImage21AdapterConfig,
-        "Qwen-Image 2.x text-to-image (diffusers QwenImage21Pipeline): transformer trained, VAE + "
-        "Qwen3-VL frozen, optional true CFG.",
-    ),
-)
+@hookimpl
+def register_components() -> list[Component]:
+    return [
+        Component(
+            "adapter",
+            "qwen_image21",
+            "vgrpo_adapters.qwen_image21.impl:QwenImage21Adapter.from_config",
+            QwenImage21AdapterConfig,
+            "Qwen-Image 2.x text-to-image (diffusers QwenImage21Pipeline): transformer trained, VAE + "
+            "Qwen3-VL frozen, optional true CFG.",
+        ),
+    ]

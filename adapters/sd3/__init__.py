@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from pydantic import Field
 from vgrpo_adapters._diffusers_options import CFGOptions, DiffusersAdapterConfig
-from vgrpo_adapters._entry import adapter_hook
+
+from vgrpo_platform.hookspecs import hookimpl
+from vgrpo_platform.registry import Component
 
 
 class SD3AdapterConfig(DiffusersAdapterConfig, CFGOptions):
@@ -22,12 +24,14 @@ class SD3AdapterConfig(DiffusersAdapterConfig, CFGOptions):
     )
 
 
-register_adapters = adapter_hook(
-    __name__,
-    (
-        "sd3",
-        "vgrpo_adapters.sd3.impl:SD3Adapter.from_config",
-        SD3AdapterConfig,
-        "Stable Diffusion 3 / 3.5 (diffusers): MMDiT trained, VAE + CLIP/T5 frozen, optional CFG.",
-    ),
-)
+@hookimpl
+def register_components() -> list[Component]:
+    return [
+        Component(
+            "adapter",
+            "sd3",
+            "vgrpo_adapters.sd3.impl:SD3Adapter.from_config",
+            SD3AdapterConfig,
+            "Stable Diffusion 3 / 3.5 (diffusers): MMDiT trained, VAE + CLIP/T5 frozen, optional CFG.",
+        ),
+    ]

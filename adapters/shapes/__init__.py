@@ -11,10 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from pydantic import Field
-from vgrpo_adapters._entry import adapter_hook
 
 from vgrpo_platform.hookspecs import hookimpl
-from vgrpo_platform.registry import PluginConfig
+from vgrpo_platform.registry import Component, PluginConfig
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 """The shipped model: ``transformer/``, ``text_encoder/``, ``tokenizer/`` (written by ``pretrain-shapes``)."""
@@ -41,15 +40,17 @@ class Config(PluginConfig):
     )
 
 
-register_adapters = adapter_hook(
-    __name__,
-    (
-        "shapes",
-        "vgrpo_adapters.shapes.impl:load_shapes_adapter",
-        Config,
-        "Tiny text-to-image flow model pretrained on the shapes world, shipped with vgrpo (CPU).",
-    ),
-)
+@hookimpl
+def register_components() -> list[Component]:
+    return [
+        Component(
+            "adapter",
+            "shapes",
+            "vgrpo_adapters.shapes.impl:load_shapes_adapter",
+            Config,
+            "Tiny text-to-image flow model pretrained on the shapes world, shipped with vgrpo (CPU).",
+        ),
+    ]
 
 
 @hookimpl

@@ -8,9 +8,9 @@ built from configs with a fixed seed, saved, and loaded back through ``from_pret
 from __future__ import annotations
 
 from pydantic import Field
-from vgrpo_adapters._entry import adapter_hook
 
-from vgrpo_platform.registry import PluginConfig
+from vgrpo_platform.hookspecs import hookimpl
+from vgrpo_platform.registry import Component, PluginConfig
 
 
 class ToyAdapterConfig(PluginConfig):
@@ -39,12 +39,14 @@ class ToyAdapterConfig(PluginConfig):
     )
 
 
-register_adapters = adapter_hook(
-    __name__,
-    (
-        "toy",
-        "vgrpo_adapters.toy.impl:ToyAdapter.from_config",
-        ToyAdapterConfig,
-        "Tiny pixel-space text-to-image flow model (SD3 MMDiT + CLIP text encoder) for CPU runs.",
-    ),
-)
+@hookimpl
+def register_components() -> list[Component]:
+    return [
+        Component(
+            "adapter",
+            "toy",
+            "vgrpo_adapters.toy.impl:ToyAdapter.from_config",
+            ToyAdapterConfig,
+            "Tiny pixel-space text-to-image flow model (SD3 MMDiT + CLIP text encoder) for CPU runs.",
+        ),
+    ]

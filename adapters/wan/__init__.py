@@ -13,7 +13,9 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 from vgrpo_adapters._diffusers_options import CFGOptions, DiffusersVideoConfig
-from vgrpo_adapters._entry import adapter_hook
+
+from vgrpo_platform.hookspecs import hookimpl
+from vgrpo_platform.registry import Component
 
 
 class WanAdapterConfig(DiffusersVideoConfig, CFGOptions):
@@ -54,13 +56,15 @@ class WanAdapterConfig(DiffusersVideoConfig, CFGOptions):
         return self
 
 
-register_adapters = adapter_hook(
-    __name__,
-    (
-        "wan",
-        "vgrpo_adapters.wan.impl:WanAdapter.from_config",
-        WanAdapterConfig,
-        "Wan 2.1 / 2.2 text-to-video (diffusers): 3D DiT (Wan 2.2: its two experts) trained, "
-        "video VAE + UMT5 frozen, optional CFG.",
-    ),
-)
+@hookimpl
+def register_components() -> list[Component]:
+    return [
+        Component(
+            "adapter",
+            "wan",
+            "vgrpo_adapters.wan.impl:WanAdapter.from_config",
+            WanAdapterConfig,
+            "Wan 2.1 / 2.2 text-to-video (diffusers): 3D DiT (Wan 2.2: its two experts) trained, "
+            "video VAE + UMT5 frozen, optional CFG.",
+        ),
+    ]

@@ -7,11 +7,10 @@ Prompt-independent. DDPO's aesthetic reward.
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import Field
 
 from vgrpo_platform.hookspecs import hookimpl
+from vgrpo_platform.registry import Component
 
 from .._options import ModelRewardConfig
 
@@ -30,14 +29,14 @@ class Config(ModelRewardConfig):
     )
 
 
-def build(config: Config, context: Any) -> Any:
-    from .impl import AestheticReward
-
-    return AestheticReward(config, context)
-
-
 @hookimpl
-def register_rewards(register):  # noqa: ANN001
-    register(
-        "aesthetic", build, Config, summary="LAION aesthetic predictor v2 (CLIP ViT-L/14 + MLP head), 1-10."
-    )
+def register_components() -> list[Component]:
+    return [
+        Component(
+            "reward",
+            "aesthetic",
+            "vgrpo_rewards.aesthetic.impl:AestheticReward",
+            Config,
+            summary="LAION aesthetic predictor v2 (CLIP ViT-L/14 + MLP head), 1-10.",
+        ),
+    ]

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from vgrpo_platform.hookspecs import hookimpl
-from vgrpo_platform.registry import PluginConfig
+from vgrpo_platform.registry import Component, PluginConfig
 
 from .._options import ModelRewardConfig
 
@@ -72,12 +72,6 @@ class SpectralFlatnessConfig(PluginConfig):
     n_fft: int = Field(1024, ge=16, description="FFT size of the power spectrogram.")
 
 
-def build_clap(config: ClapConfig, context: Any) -> Any:
-    from .impl import ClapReward
-
-    return ClapReward(config, context)
-
-
 def build_loudness(config: LoudnessConfig, context: Any = None) -> Any:
     from .impl import LoudnessReward
 
@@ -97,23 +91,35 @@ def build_spectral_flatness(config: SpectralFlatnessConfig, context: Any = None)
 
 
 @hookimpl
-def register_rewards(register):  # noqa: ANN001 - the host's Register callable
-    register("clap", build_clap, ClapConfig, summary="CLAP text-audio cosine similarity (prompt-aware).")
-    register(
-        "loudness",
-        build_loudness,
-        LoudnessConfig,
-        summary="Minus the distance of BS.1770 loudness to a target LUFS.",
-    )
-    register(
-        "silence_ratio",
-        build_silence_ratio,
-        SilenceRatioConfig,
-        summary="Minus the fraction of frames quieter than a dBFS threshold.",
-    )
-    register(
-        "spectral_flatness",
-        build_spectral_flatness,
-        SpectralFlatnessConfig,
-        summary="Minus the mean spectral flatness (or its distance to a target): penalises noise-like audio.",
-    )
+def register_components() -> list[Component]:
+    return [
+        Component(
+            "reward",
+            "clap",
+            "vgrpo_rewards.audio.impl:ClapReward",
+            ClapConfig,
+            summary="CLAP text-audio cosine similarity (prompt-aware).",
+        ),
+        Component(
+            "reward",
+            "loudness",
+            build_loudness,
+            LoudnessConfig,
+            summary="Minus the distance of BS.1770 loudness to a target LUFS.",
+        ),
+        Component(
+            "reward",
+            "silence_ratio",
+            build_silence_ratio,
+            SilenceRatioConfig,
+            summary="Minus the fraction of frames quieter than a dBFS threshold.",
+        ),
+        Component(
+            "reward",
+            "spectral_flatness",
+            build_spectral_flatness,
+            SpectralFlatnessConfig,
+            summary="Minus the mean spectral flatness (or its distance to a target): penalises noise-like "
+            "audio.",
+        ),
+    ]

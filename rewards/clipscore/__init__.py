@@ -7,11 +7,10 @@ CLIPScore (Hessel et al. 2021, "CLIPScore: A Reference-free Evaluation Metric fo
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import Field
 
 from vgrpo_platform.hookspecs import hookimpl
+from vgrpo_platform.registry import Component
 
 from .._options import ModelRewardConfig
 
@@ -27,15 +26,14 @@ class Config(ModelRewardConfig):
     scale: float = Field(1.0, gt=0, description="Multiplier w (2.5 in Hessel et al., 100 in torchmetrics).")
 
 
-# intended copy of rewards/aesthetic/__init__.py (build, register_rewards): each entry module registers itself
-def build(config: Config, context: Any) -> Any:
-    from .impl import ClipScoreReward
-
-    return ClipScoreReward(config, context)
-
-
 @hookimpl
-def register_rewards(register):  # noqa: ANN001
-    register(
-        "clipscore", build, Config, summary="CLIPScore: w * max(cos(image, prompt), 0) with a CLIP model."
-    )
+def register_components() -> list[Component]:
+    return [
+        Component(
+            "reward",
+            "clipscore",
+            "vgrpo_rewards.clipscore.impl:ClipScoreReward",
+            Config,
+            summary="CLIPScore: w * max(cos(image, prompt), 0) with a CLIP model.",
+        ),
+    ]

@@ -7,11 +7,10 @@ as ``hpsv2.score`` computes it. Needs the ``open_clip_torch`` package (with torc
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import Field
 
 from vgrpo_platform.hookspecs import hookimpl
+from vgrpo_platform.registry import Component
 
 from .._options import ModelRewardConfig
 
@@ -28,12 +27,14 @@ class Config(ModelRewardConfig):
     arch: str = Field("ViT-H-14", description="open_clip architecture the checkpoint was trained on.")
 
 
-def build(config: Config, context: Any) -> Any:
-    from .impl import HpsV2Reward
-
-    return HpsV2Reward(config, context)
-
-
 @hookimpl
-def register_rewards(register):  # noqa: ANN001
-    register("hpsv2", build, Config, summary="HPSv2.1 human-preference score (open_clip ViT-H-14), cosine.")
+def register_components() -> list[Component]:
+    return [
+        Component(
+            "reward",
+            "hpsv2",
+            "vgrpo_rewards.hpsv2.impl:HpsV2Reward",
+            Config,
+            summary="HPSv2.1 human-preference score (open_clip ViT-H-14), cosine.",
+        ),
+    ]

@@ -8,11 +8,10 @@ an old transformers, so this plugin loads the original ``ImageReward.pt`` into t
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import Field
 
 from vgrpo_platform.hookspecs import hookimpl
+from vgrpo_platform.registry import Component
 
 from .._options import ModelRewardConfig
 
@@ -29,12 +28,14 @@ class Config(ModelRewardConfig):
     max_length: int = Field(35, ge=4, description="Prompt tokens kept (ImageReward pads/truncates to 35).")
 
 
-def build(config: Config, context: Any) -> Any:
-    from .impl import ImageRewardReward
-
-    return ImageRewardReward(config, context)
-
-
 @hookimpl
-def register_rewards(register):  # noqa: ANN001
-    register("imagereward", build, Config, summary="ImageReward v1.0 (BLIP + MLP head) preference score.")
+def register_components() -> list[Component]:
+    return [
+        Component(
+            "reward",
+            "imagereward",
+            "vgrpo_rewards.imagereward.impl:ImageRewardReward",
+            Config,
+            summary="ImageReward v1.0 (BLIP + MLP head) preference score.",
+        ),
+    ]

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import Field
 
 from vgrpo_platform.hookspecs import hookimpl
-from vgrpo_platform.registry import PluginConfig
+from vgrpo_platform.registry import Component, PluginConfig
 
 
 class Config(PluginConfig):
@@ -27,5 +27,13 @@ def build(config: Config, context: Any) -> Any:
 
 
 @hookimpl
-def register_rewards(register):  # noqa: ANN001
-    register("jpeg", build, Config, summary="JPEG (in)compressibility: -/+ size in kB at quality 95 (DDPO).")
+def register_components() -> list[Component]:
+    return [
+        Component(
+            "reward",
+            "jpeg",
+            build,
+            Config,
+            summary="JPEG (in)compressibility: -/+ size in kB at quality 95 (DDPO).",
+        ),
+    ]

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from vgrpo_platform.hookspecs import hookimpl
-from vgrpo_platform.registry import PluginConfig
+from vgrpo_platform.registry import Component, PluginConfig
 
 
 class Config(PluginConfig):
@@ -51,7 +51,13 @@ def build(config: Config, context: Any) -> Any:
 
 
 @hookimpl
-def register_rewards(register):  # noqa: ANN001
-    register(
-        "ocr", build, Config, summary="1 - normalised edit distance of OCR'd text to the quoted prompt text."
-    )
+def register_components() -> list[Component]:
+    return [
+        Component(
+            "reward",
+            "ocr",
+            build,
+            Config,
+            summary="1 - normalised edit distance of OCR'd text to the quoted prompt text.",
+        ),
+    ]

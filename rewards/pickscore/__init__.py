@@ -7,11 +7,10 @@ Stable Diffusion images. See docs/rewards.md for weights and memory.
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import Field
 
 from vgrpo_platform.hookspecs import hookimpl
+from vgrpo_platform.registry import Component
 
 from .._options import ModelRewardConfig
 
@@ -29,14 +28,14 @@ class Config(ModelRewardConfig):
     )
 
 
-def build(config: Config, context: Any) -> Any:
-    from .impl import PickScoreReward
-
-    return PickScoreReward(config, context)
-
-
 @hookimpl
-def register_rewards(register):  # noqa: ANN001 - the host's Register callable
-    register(
-        "pickscore", build, Config, summary="PickScore_v1 human-preference score (CLIP-H, prompt-aware)."
-    )
+def register_components() -> list[Component]:
+    return [
+        Component(
+            "reward",
+            "pickscore",
+            "vgrpo_rewards.pickscore.impl:PickScoreReward",
+            Config,
+            summary="PickScore_v1 human-preference score (CLIP-H, prompt-aware).",
+        ),
+    ]

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from vgrpo_platform.hookspecs import hookimpl
-from vgrpo_platform.registry import PluginConfig
+from vgrpo_platform.registry import Component, PluginConfig
 
 
 class Config(PluginConfig):
@@ -47,5 +47,13 @@ def build(config: Config, context: Any) -> Any:
 
 
 @hookimpl
-def register_rewards(register):  # noqa: ANN001 - the host's Register callable
-    register("remote", build, Config, summary="Any reward served by `vgrpo serve-reward`, scored over HTTP.")
+def register_components() -> list[Component]:
+    return [
+        Component(
+            "reward",
+            "remote",
+            build,
+            Config,
+            summary="Any reward served by `vgrpo serve-reward`, scored over HTTP.",
+        ),
+    ]

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from vgrpo_platform.hookspecs import hookimpl
-from vgrpo_platform.registry import PluginConfig
+from vgrpo_platform.registry import Component, PluginConfig
 
 
 class Weights(PluginConfig):
@@ -47,7 +47,13 @@ def build(config: Config, context: Any) -> Any:
 
 
 @hookimpl
-def register_rewards(register):  # noqa: ANN001 - the host's Register callable
-    register(
-        "shapes", build, Config, summary="GenEval-like colour/shape/count/position judge of the shapes world"
-    )
+def register_components() -> list[Component]:
+    return [
+        Component(
+            "reward",
+            "shapes",
+            build,
+            Config,
+            summary="GenEval-like colour/shape/count/position judge of the shapes world",
+        ),
+    ]

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from vgrpo_platform.hookspecs import hookimpl
-from vgrpo_platform.registry import PluginConfig
+from vgrpo_platform.registry import Component, PluginConfig
 
 UnitFloat = Annotated[float, Field(ge=0.0, le=1.0)]
 
@@ -50,17 +50,20 @@ def build_target_color(config: TargetColorConfig, context: Any = None) -> Any:
 
 
 @hookimpl
-# intended copy of rewards/vlm_judge/__init__.py (register_rewards): each entry module registers its own
-def register_rewards(register):  # noqa: ANN001 - the host's Register callable
-    register(
-        "brightness",
-        build_brightness,
-        BrightnessConfig,
-        summary="Mean pixel value in [0, 1], or minus its distance to a target value.",
-    )
-    register(
-        "target_color",
-        build_target_color,
-        TargetColorConfig,
-        summary="Minus the mean RGB distance of the pixels to a target colour, scaled to [-1, 0].",
-    )
+def register_components() -> list[Component]:
+    return [
+        Component(
+            "reward",
+            "brightness",
+            build_brightness,
+            BrightnessConfig,
+            summary="Mean pixel value in [0, 1], or minus its distance to a target value.",
+        ),
+        Component(
+            "reward",
+            "target_color",
+            build_target_color,
+            TargetColorConfig,
+            summary="Minus the mean RGB distance of the pixels to a target colour, scaled to [-1, 0].",
+        ),
+    ]

@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from vgrpo_platform.hookspecs import hookimpl
-from vgrpo_platform.registry import PluginConfig
+from vgrpo_platform.registry import Component, PluginConfig
 
 VIDEO = frozenset({"video"})
 
@@ -72,13 +72,6 @@ class ReferenceSimilarityConfig(PooledFramesConfig):
     )
 
 
-def build_framewise(config: FramewiseConfig, context: Any) -> Any:
-    """Factory: builds the inner image reward from the host's registry (``context.extra['registry']``)."""
-    from .impl import FramewiseReward
-
-    return FramewiseReward.from_config(config, context)
-
-
 def build_temporal_consistency(config: TemporalConsistencyConfig, context: Any = None) -> Any:
     from .impl import TemporalConsistencyReward
 
@@ -91,36 +84,36 @@ def build_motion(config: MotionConfig, context: Any = None) -> Any:
     return MotionReward(pool=config.pool, target=config.target)
 
 
-def build_reference_similarity(config: ReferenceSimilarityConfig, context: Any = None) -> Any:
-    from .impl import ReferenceSimilarityReward
-
-    return ReferenceSimilarityReward.from_config(config, context)
-
-
 @hookimpl
-# intended copy of rewards/vlm_judge/__init__.py (register_rewards): each entry module registers its own
-def register_rewards(register):  # noqa: ANN001 - the host's Register callable
-    register(
-        "framewise",
-        build_framewise,
-        FramewiseConfig,
-        summary="Any image reward on evenly sampled frames of each clip, averaged (or the worst frame).",
-    )
-    register(
-        "temporal_consistency",
-        build_temporal_consistency,
-        TemporalConsistencyConfig,
-        summary="Mean cosine similarity of consecutive pooled frames: 1 for a clip of identical frames.",
-    )
-    register(
-        "motion",
-        build_motion,
-        MotionConfig,
-        summary="Mean absolute change between consecutive pooled frames (or minus its distance to a target).",
-    )
-    register(
-        "reference_similarity",
-        build_reference_similarity,
-        ReferenceSimilarityConfig,
-        summary="Mean cosine similarity of pooled frames to a reference clip read with decord.",
-    )
+def register_components() -> list[Component]:
+    return [
+        Component(
+            "reward",
+            "framewise",
+            "vgrpo_rewards.video.impl:FramewiseReward.from_config",
+            FramewiseConfig,
+            summary="Any image reward on evenly sampled frames of each clip, averaged (or the worst frame).",
+        ),
+        Component(
+            "reward",
+            "temporal_consistency",
+            build_temporal_consistency,
+            TemporalConsistencyConfig,
+            summary="Mean cosine similarity of consecutive pooled frames: 1 for a clip of identical frames.",
+        ),
+        Component(
+            "reward",
+            "motion",
+            build_motion,
+            MotionConfig,
+            summary="Mean absolute change between consecutive pooled frames (or minus its distance to a "
+            "target).",
+        ),
+        Component(
+            "reward",
+            "reference_similarity",
+            "vgrpo_rewards.video.impl:ReferenceSimilarityReward.from_config",
+            ReferenceSimilarityConfig,
+            summary="Mean cosine similarity of pooled frames to a reference clip read with decord.",
+        ),
+    ]

@@ -56,7 +56,7 @@ class FramewiseReward:
         """Build the named image reward from ``context.extra['registry']`` or the installed plugins."""
         registry = (getattr(context, "extra", None) or {}).get("registry")
         if registry is None:
-            from vgrpo_platform.plugins import default_registry
+            from vgrpo_platform.host.collect import default_registry
 
             registry = default_registry()
         inner = registry.build("reward", config.reward, dict(config.options), context)

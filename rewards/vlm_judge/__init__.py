@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from vgrpo_platform.hookspecs import hookimpl
-from vgrpo_platform.registry import PluginConfig
+from vgrpo_platform.registry import Component, PluginConfig
 
 # The placeholders a template may use: {prompt}, {min_score}, {max_score} and (groupwise) {n}, the
 # number of images in the request. Only these are replaced; other braces stay as written.
@@ -164,10 +164,13 @@ def build(config: Config, context: Any) -> Any:
 
 
 @hookimpl
-def register_rewards(register):  # noqa: ANN001 - the host's Register callable
-    register(
-        "vlm_judge",
-        build,
-        Config,
-        summary="A VLM judge behind an OpenAI-compatible chat API (vLLM, SGLang): a score or P(yes).",
-    )
+def register_components() -> list[Component]:
+    return [
+        Component(
+            "reward",
+            "vlm_judge",
+            build,
+            Config,
+            summary="A VLM judge behind an OpenAI-compatible chat API (vLLM, SGLang): a score or P(yes).",
+        ),
+    ]

@@ -25,7 +25,8 @@ from pydantic_core import PydanticUndefined
 
 from vgrpo_platform.config.recipe import ResolvedRecipe, resolve_recipe
 from vgrpo_platform.errors import VgrpoError
-from vgrpo_platform.host.plugins import build_plugin_manager, collect_components
+from vgrpo_platform.host.collect import collect_components
+from vgrpo_platform.host.manager import build_plugin_manager
 from vgrpo_platform.registry import ComponentSpec
 
 EXIT_USER_ERROR = 2

@@ -32,7 +32,7 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 if TYPE_CHECKING:
-    from vgrpo_platform.host.plugins import ComponentRegistry
+    from vgrpo_platform.host.components import ComponentRegistry
 
 RESOLVED_JSON = "resolved_recipe.json"  # lossless, what `load_resolved` reads back
 ORIGINAL_TOML = "recipe.toml"  # the user's text, verbatim, with the overrides as a header comment
@@ -460,7 +460,7 @@ def resolve_recipe(
     text, data = _read_toml(path)
     recipe = _validate(data, overrides, source=str(path))
     if registry is None:
-        from vgrpo_platform.host.plugins import default_registry
+        from vgrpo_platform.host.collect import default_registry
 
         registry = default_registry()
     resolved = validate_components(recipe, registry, recipe_dir=path.resolve().parent, source=str(path))

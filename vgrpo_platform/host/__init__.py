@@ -1,3 +1,4 @@
-"""The plugin host: load plugins through their entry points, collect their components into the
-registry and build them (``plugins``). What a plugin registers is declared in ``registry``.
+"""The plugin host: ``manager`` loads plugins through their entry points, ``collect`` calls their
+``register_components`` hooks into the registry, ``components`` looks components up and builds them.
+What a plugin declares is in ``vgrpo_platform.registry``.
 """

@@ -42,7 +42,7 @@ def _start(adapter_name: str, adapter_config: Any, train: Any, context: Any, thr
         torch.set_num_threads(threads)
     try:
         from vgrpo_platform.finetune import make_trainable
-        from vgrpo_platform.host.plugins import default_registry
+        from vgrpo_platform.host.collect import default_registry
 
         torch.manual_seed(context.seed)
         adapter = default_registry().get("adapter", adapter_name).factory(adapter_config, context)

@@ -24,7 +24,7 @@ def check_component(
     ``options`` are its recipe options (validated by its ``Config``); ``registry`` defaults to every
     installed plugin. Extra keyword arguments go to the check function.
     """
-    from vgrpo_platform.host.plugins import default_registry
+    from vgrpo_platform.host.collect import default_registry
 
     registry = registry if registry is not None else default_registry()
     spec = registry.get(kind, name)

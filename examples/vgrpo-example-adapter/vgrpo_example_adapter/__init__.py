@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from vgrpo_platform.hookspecs import hookimpl
-from vgrpo_platform.registry import PluginConfig
+from vgrpo_platform.registry import Component, PluginConfig
 
 
 class SignalFlowConfig(PluginConfig):
@@ -52,20 +52,20 @@ def build_tone(config: ToneConfig, context: Any) -> Any:
 
 
 @hookimpl
-def register_adapters(register):  # noqa: ANN001 - the host's register callable
-    register(
-        "signal_flow",
-        build_adapter,
-        SignalFlowConfig,
-        summary="Tiny prompt-conditioned rectified-flow MLP that generates 1-D signals.",
-    )
-
-
-@hookimpl
-def register_rewards(register):  # noqa: ANN001
-    register(
-        "signal_flow_tone",
-        build_tone,
-        ToneConfig,
-        summary="Share of a signal's energy at the frequency its prompt asks for, in [0, 1].",
-    )
+def register_components() -> list[Component]:
+    return [
+        Component(
+            "adapter",
+            "signal_flow",
+            build_adapter,
+            SignalFlowConfig,
+            summary="Tiny prompt-conditioned rectified-flow MLP that generates 1-D signals.",
+        ),
+        Component(
+            "reward",
+            "signal_flow_tone",
+            build_tone,
+            ToneConfig,
+            summary="Share of a signal's energy at the frequency its prompt asks for, in [0, 1].",
+        ),
+    ]

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from vgrpo_platform.hookspecs import hookimpl
-from vgrpo_platform.registry import PluginConfig
+from vgrpo_platform.registry import Component, PluginConfig
 
 
 class EngineConfig(PluginConfig):
@@ -35,10 +35,13 @@ def build_http_engine(config: EngineConfig, context: Any = None) -> Any:
 
 
 @hookimpl
-def register_rollout_backends(register):  # noqa: ANN001 - the host's register callable
-    register(
-        "http_engine",
-        build_http_engine,
-        EngineConfig,
-        summary="Rollouts from a generation engine behind HTTP (weights pushed after each update).",
-    )
+def register_components() -> list[Component]:
+    return [
+        Component(
+            "rollout_backend",
+            "http_engine",
+            build_http_engine,
+            EngineConfig,
+            summary="Rollouts from a generation engine behind HTTP (weights pushed after each update).",
+        ),
+    ]

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from vgrpo_platform.hookspecs import hookimpl
-from vgrpo_platform.registry import PluginConfig
+from vgrpo_platform.registry import Component, PluginConfig
 
 
 class Config(PluginConfig):
@@ -31,10 +31,13 @@ def build(config: Config, context: Any) -> Any:
 
 
 @hookimpl
-def register_rewards(register):  # noqa: ANN001 - the host's register callable
-    register(
-        "colorfulness",
-        build,
-        Config,
-        summary="Hasler-Suesstrunk colourfulness of images: higher is more vivid.",
-    )
+def register_components() -> list[Component]:
+    return [
+        Component(
+            "reward",
+            "colorfulness",
+            build,
+            Config,
+            summary="Hasler-Suesstrunk colourfulness of images: higher is more vivid.",
+        ),
+    ]

@@ -8,7 +8,7 @@ the stored trajectory and takes a per-step PPO-clip objective, plus the KL of ea
 stochastic and trained; the window moves every ``window_shift_every`` iterations. The same options
 give DanceGRPO (``diffusion = "constant"``, ``shared_initial_noise``, ``train_fraction``: each sample
 trains its own random subset of the steps) and Flow-GRPO-Fast (``window_placement = "random"``: a
-short SDE branch at a random early step); see ``surrogates/plugin.py`` and docs/method.md section 6.
+short SDE branch at a random early step); see ``surrogates/entry.py`` and docs/method.md section 6.
 
 ``rollout`` returns a ``FlowGRPOState`` (batch-first; the loop joins the chunks' into ``batch.state``):
 ``trajectory`` ``[B, T+1, *L]`` (at least float32), ``timesteps`` ``[B, T+1]``, ``old_log_prob``

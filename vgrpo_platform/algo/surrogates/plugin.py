@@ -1,123 +1,23 @@
-"""Entry module of the built-in surrogates: registration and factories only, no torch at import time.
-
-``vgrpo`` is the method; ``elbo_naive`` is the same estimator with the three variance-reduction
-techniques off (independent pairs per sample, i.i.d. timesteps, plain MSE), the paper's baseline
-that oscillates or diverges. ``flow_grpo`` (with MixGRPO's window as an option), ``dance_grpo`` and
-``flow_grpo_fast`` (presets of its options), ``diffusion_nft``, ``awm`` and ``awm_authors`` (AWM as its
-authors ship it) are the baselines of docs/method.md section 6, behind the same interfaces.
+"""Deprecated path of the built-in surrogates' entry module (now ``algo.surrogates.entry``), kept for one
+release for code that imports its configs or factories; the configs' home is ``algo.surrogates.configs``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import warnings
 
-from vgrpo_platform.algo.surrogates.configs import (  # re-exported: the configs' historical import path
-    AWMAuthorsConfig,
-    AWMConfig,
-    DanceGRPOConfig,
-    DiffusionNFTConfig,
-    FlowGRPOConfig,
-    FlowGRPOFastConfig,
-    NaiveELBOConfig,
-    VGRPOConfig,
+from vgrpo_platform.algo.surrogates.entry import *  # noqa: F403 - the old module's names
+from vgrpo_platform.algo.surrogates.entry import (  # noqa: F401 - not in entry's __all__
+    build_awm,
+    build_flow_grpo,
+    build_nft,
+    build_vgrpo,
+    register_components,
 )
-from vgrpo_platform.hookspecs import hookimpl
-from vgrpo_platform.registry import PluginConfig
 
-__all__ = [
-    "VGRPOConfig",
-    "NaiveELBOConfig",
-    "FlowGRPOConfig",
-    "DanceGRPOConfig",
-    "FlowGRPOFastConfig",
-    "DiffusionNFTConfig",
-    "AWMConfig",
-    "AWMAuthorsConfig",
-]
-
-
-def build_vgrpo(config: VGRPOConfig, context: Any = None) -> Any:
-    """Factory: imports the torch implementation only when a run actually builds it."""
-    from vgrpo_platform.algo.surrogates.vgrpo import VGRPOSurrogate
-
-    return VGRPOSurrogate(config)
-
-
-def build_flow_grpo(config: FlowGRPOConfig, context: Any = None) -> Any:
-    from vgrpo_platform.algo.surrogates.flow_grpo import FlowGRPOSurrogate
-
-    return FlowGRPOSurrogate(config)
-
-
-def build_nft(config: DiffusionNFTConfig, context: Any = None) -> Any:
-    from vgrpo_platform.algo.surrogates.nft import DiffusionNFTSurrogate
-
-    return DiffusionNFTSurrogate(config)
-
-
-def build_awm(config: AWMConfig, context: Any = None) -> Any:
-    from vgrpo_platform.algo.surrogates.awm import AWMSurrogate
-
-    return AWMSurrogate(config)
-
-
-SURROGATES: tuple[tuple[str, Callable[..., Any], type[PluginConfig], str], ...] = (
-    (
-        "vgrpo",
-        build_vgrpo,
-        VGRPOConfig,
-        "V-GRPO: ELBO surrogate with group-shared stratified pairs and adaptive x-space weighting.",
-    ),
-    (
-        "elbo_naive",
-        build_vgrpo,
-        NaiveELBOConfig,
-        "Naive ELBO surrogate (V-GRPO without its three variance-reduction techniques).",
-    ),
-    # the baselines V-GRPO is measured against
-    (
-        "flow_grpo",
-        build_flow_grpo,
-        FlowGRPOConfig,
-        "Flow-GRPO: SDE rollouts, per-step Gaussian log-probs and PPO-clip (MixGRPO window option).",
-    ),
-    (
-        "dance_grpo",
-        build_flow_grpo,
-        DanceGRPOConfig,
-        "DanceGRPO: Flow-GRPO with constant SDE noise, group-shared initial noise, a random "
-        "subset of steps trained.",
-    ),
-    (
-        "flow_grpo_fast",
-        build_flow_grpo,
-        FlowGRPOFastConfig,
-        "Flow-GRPO-Fast: ODE rollouts with a short SDE branch at a random early step, trained alone.",
-    ),
-    (
-        "diffusion_nft",
-        build_nft,
-        DiffusionNFTConfig,
-        "DiffusionNFT: implicit positive/negative policy loss around an EMA old policy.",
-    ),
-    (
-        "awm",
-        build_awm,
-        AWMConfig,
-        "AWM: advantage-weighted flow-matching loss, shared stratified timesteps, independent noise.",
-    ),
-    (
-        "awm_authors",
-        build_awm,
-        AWMAuthorsConfig,
-        "AWM as its authors ship it: generalised-Huber weighting, EMA penalty, grid timesteps.",
-    ),
+warnings.warn(
+    "vgrpo_platform.algo.surrogates.plugin is deprecated: import the configs from "
+    "vgrpo_platform.algo.surrogates.configs (the entry module is vgrpo_platform.algo.surrogates.entry)",
+    DeprecationWarning,
+    stacklevel=2,
 )
-"""``(name, factory, config class, summary)`` of each built-in surrogate, in registration order."""
-
-
-@hookimpl
-def register_surrogates(register):  # noqa: ANN001 - the host's Register callable
-    for name, factory, config, summary in SURROGATES:
-        register(name, factory, config, summary=summary)

@@ -1,0 +1,126 @@
+"""Entry module of the built-in surrogates: registration and factories only, no torch at import time.
+
+``vgrpo`` is the method; ``elbo_naive`` is the same estimator with the three variance-reduction
+techniques off (independent pairs per sample, i.i.d. timesteps, plain MSE), the paper's baseline
+that oscillates or diverges. ``flow_grpo`` (with MixGRPO's window as an option), ``dance_grpo`` and
+``flow_grpo_fast`` (presets of its options), ``diffusion_nft``, ``awm`` and ``awm_authors`` (AWM as its
+authors ship it) are the baselines of docs/method.md section 6, behind the same interfaces.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vgrpo_platform.algo.surrogates.configs import (  # re-exported: the configs' historical import path
+    AWMAuthorsConfig,
+    AWMConfig,
+    DanceGRPOConfig,
+    DiffusionNFTConfig,
+    FlowGRPOConfig,
+    FlowGRPOFastConfig,
+    NaiveELBOConfig,
+    VGRPOConfig,
+)
+from vgrpo_platform.hookspecs import hookimpl
+from vgrpo_platform.registry import Component
+
+__all__ = [
+    "VGRPOConfig",
+    "NaiveELBOConfig",
+    "FlowGRPOConfig",
+    "DanceGRPOConfig",
+    "FlowGRPOFastConfig",
+    "DiffusionNFTConfig",
+    "AWMConfig",
+    "AWMAuthorsConfig",
+]
+
+
+def build_vgrpo(config: VGRPOConfig, context: Any = None) -> Any:
+    """Factory: imports the torch implementation only when a run actually builds it."""
+    from vgrpo_platform.algo.surrogates.vgrpo import VGRPOSurrogate
+
+    return VGRPOSurrogate(config)
+
+
+def build_flow_grpo(config: FlowGRPOConfig, context: Any = None) -> Any:
+    from vgrpo_platform.algo.surrogates.flow_grpo import FlowGRPOSurrogate
+
+    return FlowGRPOSurrogate(config)
+
+
+def build_nft(config: DiffusionNFTConfig, context: Any = None) -> Any:
+    from vgrpo_platform.algo.surrogates.nft import DiffusionNFTSurrogate
+
+    return DiffusionNFTSurrogate(config)
+
+
+def build_awm(config: AWMConfig, context: Any = None) -> Any:
+    from vgrpo_platform.algo.surrogates.awm import AWMSurrogate
+
+    return AWMSurrogate(config)
+
+
+@hookimpl
+def register_components() -> list[Component]:
+    """The built-in surrogates, in registration order."""
+    return [
+        Component(
+            "surrogate",
+            "vgrpo",
+            build_vgrpo,
+            VGRPOConfig,
+            "V-GRPO: ELBO surrogate with group-shared stratified pairs and adaptive x-space weighting.",
+        ),
+        Component(
+            "surrogate",
+            "elbo_naive",
+            build_vgrpo,
+            NaiveELBOConfig,
+            "Naive ELBO surrogate (V-GRPO without its three variance-reduction techniques).",
+        ),
+        # the baselines V-GRPO is measured against
+        Component(
+            "surrogate",
+            "flow_grpo",
+            build_flow_grpo,
+            FlowGRPOConfig,
+            "Flow-GRPO: SDE rollouts, per-step Gaussian log-probs and PPO-clip (MixGRPO window option).",
+        ),
+        Component(
+            "surrogate",
+            "dance_grpo",
+            build_flow_grpo,
+            DanceGRPOConfig,
+            "DanceGRPO: Flow-GRPO with constant SDE noise, group-shared initial noise, a random "
+            "subset of steps trained.",
+        ),
+        Component(
+            "surrogate",
+            "flow_grpo_fast",
+            build_flow_grpo,
+            FlowGRPOFastConfig,
+            "Flow-GRPO-Fast: ODE rollouts with a short SDE branch at a random early step, trained alone.",
+        ),
+        Component(
+            "surrogate",
+            "diffusion_nft",
+            build_nft,
+            DiffusionNFTConfig,
+            "DiffusionNFT: implicit positive/negative policy loss around an EMA old policy.",
+        ),
+        Component(
+            "surrogate",
+            "awm",
+            build_awm,
+            AWMConfig,
+            "AWM: advantage-weighted flow-matching loss, shared stratified timesteps, independent noise.",
+        ),
+        Component(
+            "surrogate",
+            "awm_authors",
+            build_awm,
+            AWMAuthorsConfig,
+            "AWM as its authors ship it: generalised-Huber weighting, EMA penalty, grid timesteps.",
+        ),
+    ]
