@@ -357,7 +357,7 @@ def measure(
     except torch.cuda.OutOfMemoryError:
         row.status = "OOM"
         return row
-    except Exception as exc:  # noqa: BLE001 - a failed row is reported, the others still run
+    except Exception as exc:
         row.status = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
         return row
     finally:

@@ -88,7 +88,7 @@ def pipeline_output(
     return pipe(prompt=prompt, height=side, width=side, latents=latents, output_type=output_type, **options)
 
 
-def seeded_noise(shape: tuple[int, ...], batch: int, seed: int = 0, dtype: torch.dtype = torch.float32):  # noqa: ANN201
+def seeded_noise(shape: tuple[int, ...], batch: int, seed: int = 0, dtype: torch.dtype = torch.float32):
     """``[batch, *shape]`` standard normal noise from its own seeded generator."""
     return torch.randn(batch, *shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
 

@@ -21,13 +21,13 @@ if torch is not None:
 
 
 @pytest.fixture(scope="module")
-def model_dir(request, tmp_path_factory):  # noqa: ANN001, ANN201 - pytest's request and factory
+def model_dir(request, tmp_path_factory):
     """The test module's tiny pipeline folder, built once per module by its ``TINY_PIPELINE(folder)``."""
     return request.module.TINY_PIPELINE(tmp_path_factory.mktemp("tiny") / "pipe")
 
 
 @pytest.fixture(scope="module")
-def adapter(request, model_dir):  # noqa: ANN001, ANN201 - pytest's request
+def adapter(request, model_dir):
     """The test module's ``ADAPTER`` built from its ``config(model_dir)``, shared by the module's tests."""
     from adapter_checks import adapter_from_config
 

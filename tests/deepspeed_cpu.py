@@ -18,8 +18,8 @@ import os
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed is imported
 
-from accelerate import Accelerator, PartialState  # noqa: E402
-from accelerate.utils import DeepSpeedPlugin, DistributedType  # noqa: E402
+from accelerate import Accelerator, PartialState
+from accelerate.utils import DeepSpeedPlugin, DistributedType
 
 _build = Accelerator.__init__
 

@@ -27,7 +27,7 @@ EXPECTED = {
 }
 
 
-def launch_args(name: str):  # noqa: ANN201 - argparse.Namespace, ClusterConfig
+def launch_args(name: str):
     """What ``accelerate launch --config_file NAME -m vgrpo_platform.cli run recipe.toml`` resolves to."""
     argv = ["--config_file", str(CONFIGS / name), "-m", "vgrpo_platform.cli", "run", "recipe.toml"]
     args, defaults, _ = _validate_launch_command(launch_command_parser().parse_args(argv))

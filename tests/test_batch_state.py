@@ -157,13 +157,13 @@ def test_flow_grpo_prepare_without_its_rollout_says_so() -> None:
 class LegacySurrogate(VGRPOSurrogate):
     """A third-party surrogate written before ``BatchState``: it passes its tensors through ``extras``."""
 
-    def prepare(self, batch, adapter, generator):  # noqa: ANN001, ANN201
+    def prepare(self, batch, adapter, generator):
         super().prepare(batch, adapter, generator)
         assert isinstance(batch.state, VGRPOState)
         batch.extras["t"], batch.extras["eps"] = batch.state.t, batch.state.eps
         batch.state = None
 
-    def loss(self, batch, adapter):  # noqa: ANN001, ANN201
+    def loss(self, batch, adapter):
         batch.state = VGRPOState(t=batch.extras["t"], eps=batch.extras["eps"])
         return super().loss(batch, adapter)
 

@@ -236,7 +236,7 @@ def test_nfe_per_iteration_counts_the_forwards_a_real_iteration_makes(tmp_path, 
     counted = [0]
     predict = adapter.predict
 
-    def counting(z_t, t, cond):  # noqa: ANN001, ANN202
+    def counting(z_t, t, cond):
         counted[0] += z_t.shape[0]
         return predict(z_t, t, cond)
 

@@ -11,7 +11,7 @@ from scipy import stats
 
 
 @pytest.fixture(scope="module")
-def verdicts():  # noqa: ANN201
+def verdicts():
     from benchmarks import verdicts
 
     return verdicts

@@ -241,7 +241,7 @@ def test_builtin_passes_the_conformance_kit(kind, name, tmp_path):
         spec = REGISTRY.get(kind, name)
         try:
             spec.factory(REGISTRY.validate_options(kind, name, {}), context)
-        except Exception as exc:  # noqa: BLE001 - any failure means "needs a tiny build"
+        except Exception as exc:
             pytest.fail(
                 f"{kind} {name!r} does not build from its defaults here ({type(exc).__name__}: {exc}); "
                 "add a tiny build of it to TINY in tests/test_conformance.py (every built-in passes the kit)"
@@ -330,7 +330,7 @@ class TinyAdapter(CoreCalledAdapter):
     def latent_shape(self) -> tuple[int, ...]:
         return (3, self.side, self.side)
 
-    def encode_prompts(self, prompts):  # noqa: ANN001, ANN201
+    def encode_prompts(self, prompts):
         if self.defect == "encoder_trainable":
             return {"c": self.encoder(list(prompts))}
         with torch.no_grad():
@@ -339,17 +339,17 @@ class TinyAdapter(CoreCalledAdapter):
             return {"c": c.unsqueeze(0).expand(2, *c.shape)}  # [2, B, 8]
         return {"c": c}
 
-    def denoiser_inputs(self, z_t, t, cond):  # noqa: ANN001, ANN201
+    def denoiser_inputs(self, z_t, t, cond):
         return {"z": z_t, "t": t, "c": cond["c"]}
 
-    def network_velocity(self, z_t, t, cond):  # noqa: ANN001, ANN201
+    def network_velocity(self, z_t, t, cond):
         if self._copy is not None:  # a copy outside the core's call: never trained
             return self._copy(**self.denoiser_inputs(z_t, t, cond))
         if self.defect == "calls_module_itself":  # around the core: no wrapper would reach it
             return self.denoiser(**self.denoiser_inputs(z_t, t, cond))
         return super().network_velocity(z_t, t, cond)
 
-    def denoiser_output(self, output, z_t):  # noqa: ANN001, ANN201
+    def denoiser_output(self, output, z_t):
         if self.defect == "outside_param":
             output = output * self.gain.weight.squeeze()
         if self.defect == "predict_flat":
@@ -358,13 +358,13 @@ class TinyAdapter(CoreCalledAdapter):
             output = output - 0.5 * output.mean(0, keepdim=True)
         return output
 
-    def predict(self, z_t, t, cond):  # noqa: ANN001, ANN201
+    def predict(self, z_t, t, cond):
         out = super().predict(z_t, t, cond)
         if self.defect == "memoized" and not torch.is_grad_enabled():  # stale results for a seen input
             return self._cache.setdefault((z_t.data_ptr(), *z_t.shape), out)
         return out
 
-    def sample(self, noise, cond, sampler):  # noqa: ANN001, ANN201
+    def sample(self, noise, cond, sampler):
         from vgrpo_platform.ode_solvers import solve_flow_ode
 
         if self.defect == "ignores_noise":
@@ -373,7 +373,7 @@ class TinyAdapter(CoreCalledAdapter):
             return solve_flow_ode(lambda z, t: self.predict(z, t, cond), noise, sampler)
         return super().sample(noise, cond, sampler)
 
-    def decode(self, latents):  # noqa: ANN001, ANN201
+    def decode(self, latents):
         if self.defect == "decode_range":
             return Samples("image", (latents + 1) / 2 * 3)
         if self.defect == "decode_modality":
@@ -468,7 +468,7 @@ class Mean:
         self.defect = defect
         self.modalities = {"image"} if defect == "modalities_set" else frozenset({"image"})
 
-    def score(self, samples, prompts, metadata):  # noqa: ANN001, ANN201
+    def score(self, samples, prompts, metadata):
         x = samples.data.flatten(1).mean(1)  # [B]
         match self.defect:
             case "batch_normalised":
@@ -488,7 +488,6 @@ class Mean:
         return {"score": x, "std": samples.data.flatten(1).std(1)}
 
 
-# intended copy of tests/test_conformance.py (adapter defects table): the reward kit's own defects
 @pytest.mark.parametrize(
     ("defect", "check", "message"),
     [

@@ -64,7 +64,7 @@ def test_pure_diagnostics_match_brute_force_numpy():
         mc_cv(t[:1])
 
 
-def manual_surrogate(adapter: TinyAdapter, x0, cond, t, eps, adaptive: bool):  # noqa: ANN001
+def manual_surrogate(adapter: TinyAdapter, x0, cond, t, eps, adaptive: bool):
     """``L_hat`` of one sample written out: ``mean_j mean_d (x_hat - x0)^2 / [sg(mean_d |x_hat - x0|)]``."""
     total = 0.0
     for j in range(t.shape[0]):

@@ -31,12 +31,12 @@ def kinds_of(records: list[dict]) -> list[tuple[str, int]]:
     return [(r["kind"], r["iteration"]) for r in records]
 
 
-def fail_on(trainer: Trainer, target: str, iterations: set[int], failure) -> None:  # noqa: ANN001
+def fail_on(trainer: Trainer, target: str, iterations: set[int], failure) -> None:
     """Make ``target`` ("reward", "loss" or "sample") fail while the trainer runs those iterations."""
     current = {"iteration": 0}
     original_iterate = trainer.iterate
 
-    def iterate(iteration: int):  # noqa: ANN202
+    def iterate(iteration: int):
         current["iteration"] = iteration
         return original_iterate(iteration)
 
@@ -49,7 +49,7 @@ def fail_on(trainer: Trainer, target: str, iterations: set[int], failure) -> Non
         obj, name = trainer.session.adapter, "sample"
     original = getattr(obj, name)
 
-    def patched(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    def patched(*args, **kwargs):
         out = original(*args, **kwargs)
         if current["iteration"] in iterations:
             return failure(out)
@@ -58,18 +58,18 @@ def fail_on(trainer: Trainer, target: str, iterations: set[int], failure) -> Non
     setattr(obj, name, patched)
 
 
-def nan_scores(out):  # noqa: ANN001, ANN201
+def nan_scores(out):
     return torch.full_like(torch.as_tensor(out), float("nan"))
 
 
-def raise_(exc: BaseException):  # noqa: ANN201
-    def fail(_out):  # noqa: ANN001, ANN202
+def raise_(exc: BaseException):
+    def fail(_out):
         raise exc
 
     return fail
 
 
-def nan_loss(out):  # noqa: ANN001, ANN201
+def nan_loss(out):
     loss, metrics = out
     return loss * float("nan"), metrics
 
@@ -99,7 +99,7 @@ def test_skip_drops_the_faulty_iteration_without_touching_the_weights_and_goes_o
     snapshots: dict[int, dict[str, torch.Tensor]] = {}
     original_iterate = Trainer.iterate
 
-    def iterate_and_snapshot(iteration: int):  # noqa: ANN202
+    def iterate_and_snapshot(iteration: int):
         snapshots[iteration] = {k: p.detach().clone() for k, p in trainer.session.trainable.items()}
         return original_iterate(trainer, iteration)
 
@@ -185,12 +185,12 @@ def test_out_of_memory_is_recognised_on_gpu_and_cpu(exc, expected):
 # ------------------------------------------------------------------ faults in an evaluation
 
 
-def fail_eval_on(trainer: Trainer, iterations: set[int], failure) -> None:  # noqa: ANN001
+def fail_eval_on(trainer: Trainer, iterations: set[int], failure) -> None:
     """Make the first reward fail (``failure`` of its output) in the evaluations of those iterations."""
     current = {"eval": None}
     original_evaluate = trainer.evaluate
 
-    def evaluate(iteration: int, *, wall: float):  # noqa: ANN202
+    def evaluate(iteration: int, *, wall: float):
         current["eval"] = iteration
         try:
             return original_evaluate(iteration, wall=wall)
@@ -201,7 +201,7 @@ def fail_eval_on(trainer: Trainer, iterations: set[int], failure) -> None:  # no
     reward = trainer.session.rewards[0].reward
     original = reward.score
 
-    def patched(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    def patched(*args, **kwargs):
         out = original(*args, **kwargs)
         return failure(out) if current["eval"] in iterations else out
 
@@ -252,7 +252,6 @@ def test_skip_drops_a_failed_evaluation_and_goes_on_but_not_the_final_one(tmp_pa
         trainer.run()
     message = str(info.value)
     assert "the final evaluation of iteration 5 failed" in message and "never skipped" in message
-    # intended copy of tests/test_faults.py (test_skip_drops_the_faulty_iteration...): own sequence
     records = read_metrics(trainer.run_dir / "metrics.jsonl")
     kinds = kinds_of(records)
     assert kinds == [

@@ -27,7 +27,7 @@ def gaussian_velocity(z: torch.Tensor, t: torch.Tensor, m: float, c: float) -> t
     return -m + cov / var * (z - (1 - t) * m)
 
 
-def integrate(z, t0, t1, steps, m, c, a, g, *, corrected=True):  # noqa: ANN001
+def integrate(z, t0, t1, steps, m, c, a, g, *, corrected=True):
     grid = torch.linspace(t0, t1, steps + 1, dtype=DT)
     for i in range(steps):
         t, tn = grid[i].expand(z.shape[0]), grid[i + 1].expand(z.shape[0])
@@ -228,7 +228,7 @@ def test_flow_grpo_trains_through_the_loop_with_its_own_sde_rollout(tmp_path):
 # ------------------------------------------------------------------ DanceGRPO and Flow-GRPO-Fast
 
 
-def dance_flux_step(z, v, sigma, sigma_next, eta):  # noqa: ANN001, ANN201
+def dance_flux_step(z, v, sigma, sigma_next, eta):
     """DanceGRPO's ``flux_step`` (XueZeyue/DanceGRPO, fastvideo/train_grpo_flux.py), term by term."""
     dsigma = sigma_next - sigma
     mean = z + dsigma * v
@@ -314,21 +314,21 @@ def test_group_shared_initial_noise_copies_each_groups_first_draw_and_leaves_oth
     assert torch.equal(shared[:3], noise[0].expand(3, 2)) and torch.equal(shared[3:], noise[3].expand(3, 2))
 
     class Toy:  # what generate_with_extras needs: the sampled latents are the initial noise itself
-        def latent_shape(self):  # noqa: ANN202
+        def latent_shape(self):
             return (2, 3)
 
-        def encode_prompts(self, prompts):  # noqa: ANN001, ANN202
+        def encode_prompts(self, prompts):
             return {"emb": torch.zeros(len(prompts), 2)}
 
-        def sample(self, noise, cond, sampler):  # noqa: ANN001, ANN202
+        def sample(self, noise, cond, sampler):
             return noise
 
-        def decode(self, latents):  # noqa: ANN001, ANN202
+        def decode(self, latents):
             from vgrpo_platform.protocols import Samples
 
             return Samples("image", latents)
 
-    def run(scope, window=None):  # noqa: ANN001, ANN202
+    def run(scope, window=None):
         g = torch.Generator().manual_seed(7)
         out = generate_with_extras(
             Toy(),

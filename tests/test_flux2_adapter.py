@@ -83,11 +83,11 @@ noise = partial(checks.seeded_noise, LATENT)
 
 
 @contextmanager
-def transformer_calls(pipe) -> Iterator[list[tuple[dict, torch.Tensor]]]:  # noqa: ANN001
+def transformer_calls(pipe) -> Iterator[list[tuple[dict, torch.Tensor]]]:
     """Every (tensor keyword inputs, output) of ``pipe.transformer`` inside the ``with`` block."""
     calls: list[tuple[dict, torch.Tensor]] = []
 
-    def hook(module, args, kwargs, output) -> None:  # noqa: ANN001
+    def hook(module, args, kwargs, output) -> None:
         calls.append(({k: v for k, v in kwargs.items() if torch.is_tensor(v)}, output[0]))
 
     handle = pipe.transformer.register_forward_hook(hook, with_kwargs=True)

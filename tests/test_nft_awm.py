@@ -264,7 +264,7 @@ def test_awm_grid_timesteps_follow_the_authors_stratified_discrete_rule():
     assert not torch.equal(t[0], t[1])  # pair_scope 'sample': AWM shares only inside a shuffled micro-batch
 
 
-def authors_loss(adapter, batch, cfg, ref: TinyAdapter, ema: TinyAdapter):  # noqa: ANN001, ANN201
+def authors_loss(adapter, batch, cfg, ref: TinyAdapter, ema: TinyAdapter):
     """AWM's loss on-policy written out per sample and pair in velocity space (ratio 1, exp_first)."""
     adv = batch.advantages.clamp(-5, 5) / 5
     b, k = batch.state.t.shape

@@ -35,7 +35,7 @@ class FakeReward:
         self.net = nn.Linear(3, 1)
         self.note, self.fail = log.append, fail  # a bound method: the search does not enter it
 
-    def score(self, samples, prompts, metadata):  # noqa: ANN001, ANN201
+    def score(self, samples, prompts, metadata):
         self.note("score")
         if self.fail:
             raise RuntimeError("boom")
@@ -47,7 +47,7 @@ def spy(monkeypatch):
     """Every ``nn.Module.to(device)`` is logged as ``(module, "to <device>")``; no tensor moves."""
     log: list = []
 
-    def to(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+    def to(self, *args, **kwargs):
         device = args[0] if args else kwargs.get("device")
         log.append((self, f"to {device}"))
         return self
@@ -201,7 +201,7 @@ def test_parameters_really_live_on_cuda_only_during_the_call():
     seen = []
 
     class Probe(FakeReward):
-        def score(self, samples, prompts, metadata):  # noqa: ANN001, ANN201
+        def score(self, samples, prompts, metadata):
             seen.append(self.net.weight.device.type)
             return super().score(Samples("image", samples.data.to(self.net.weight.device)), prompts, metadata)
 

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def profile():  # noqa: ANN201
+def profile():
     from benchmarks import profile_cpu
 
     return profile_cpu

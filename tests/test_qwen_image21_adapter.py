@@ -38,7 +38,7 @@ SIDE = RESOLUTION21 // 16
 LATENT = (4, SIDE, SIDE)  # tiny VAE: 4 channels, the pipeline's factor 16
 
 
-def config(model, **options) -> QwenImage21AdapterConfig:  # noqa: ANN001 - a Path
+def config(model, **options) -> QwenImage21AdapterConfig:
     return QwenImage21AdapterConfig(
         model=str(model), resolution=RESOLUTION21, max_sequence_length=TOKENS21, **options
     )
@@ -56,7 +56,7 @@ def pipeline_latents(z: torch.Tensor) -> torch.Tensor:
     return QwenImage21Pipeline._pack_latents(z[:, None], z.shape[0], *LATENT)
 
 
-def run_pipeline(pipe, z, prompt, cfg_scale=1.0, steps=3, kv=True, **kw):  # noqa: ANN001, ANN201
+def run_pipeline(pipe, z, prompt, cfg_scale=1.0, steps=3, kv=True, **kw):
     return pipe(
         prompt,
         negative_prompt=" " if cfg_scale > 1 else None,
@@ -70,7 +70,7 @@ def run_pipeline(pipe, z, prompt, cfg_scale=1.0, steps=3, kv=True, **kw):  # noq
     ).images
 
 
-def pipeline_output_latents(pipe, z, prompt, cfg_scale=1.0, kv=True):  # noqa: ANN001, ANN201
+def pipeline_output_latents(pipe, z, prompt, cfg_scale=1.0, kv=True):
     """The pipeline's final (normalised) latents as ``[B, C, h, w]``."""
     packed = run_pipeline(pipe, z, prompt, cfg_scale, kv=kv, output_type="latent")
     return pipe._unpack_latents(packed, RESOLUTION21, RESOLUTION21, 16)[:, :, 0]
@@ -110,7 +110,7 @@ def test_prompt_cache_rows_are_the_pipelines_embeddings(adapter) -> None:
     assert torch.equal(cond["prompt_mask"][:, :n], mask.long()) and not cond["prompt_mask"][:, n:].any()
 
 
-def transformer_as_the_pipeline_calls_it(pipe, z, sigma, prompt):  # noqa: ANN001, ANN201
+def transformer_as_the_pipeline_calls_it(pipe, z, sigma, prompt):
     """``QwenImage21Pipeline.__call__``'s transformer call for one prompt, as ``[B, C, h, w]``."""
     embeds, mask, image_pad = pipe.encode_prompt([prompt] * z.shape[0])
     img_mask = torch.cat([image_pad, image_pad.new_ones(z.shape[0], SIDE * SIDE // 4)], dim=1)

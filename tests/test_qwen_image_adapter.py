@@ -249,7 +249,6 @@ def test_lora_targets_every_block_linear_but_the_modulation_and_the_last_text_ou
     assert wrapped == linears - modulation - dead  # the last block's text output is discarded by the model
 
 
-# intended copy of tests/test_flux_adapter.py (export tests): adapter_checks run for this adapter
 def test_lora_export_loads_into_a_fresh_pipeline_with_the_same_predictions(model_dir, tmp_path) -> None:
     z, t = noise(2, seed=6), torch.tensor([0.4, 0.9])
     checks.assert_exported_lora_reloads(

@@ -64,18 +64,18 @@ def report_counts():
 
 
 @functools.cache
-def registry():  # noqa: ANN201 - plugins.ComponentRegistry
+def registry():
     return cli.collect_components(cli._plugin_manager())
 
 
 # --------------------------------------------------------------------------- running check
 
 
-def run_check(recipe: Path, *extra: str):  # noqa: ANN201 - click.testing.Result
+def run_check(recipe: Path, *extra: str):
     return CliRunner().invoke(cli.app, ["check", str(recipe), *extra], env={"VGRPO_DEBUG": None})
 
 
-def assert_clean_error(result, *fragments: str) -> str:  # noqa: ANN001
+def assert_clean_error(result, *fragments: str) -> str:
     """Exit 2, nothing on stdout, one ``error:`` line on stderr, no traceback; returns the line."""
     detail = (result.exit_code, result.output, result.exc_info)
     assert result.exit_code == 2, detail
@@ -89,7 +89,7 @@ def assert_clean_error(result, *fragments: str) -> str:  # noqa: ANN001
     return lines[0]
 
 
-def assert_clean_outcome(result, recipe_bytes: bytes) -> None:  # noqa: ANN001
+def assert_clean_outcome(result, recipe_bytes: bytes) -> None:
     """Exit 2 with one line, or exit 0 for a recipe an independent check finds valid."""
     if result.exit_code == 0:
         COUNTS["text_valid"] += 1

@@ -137,10 +137,10 @@ def test_remote_is_an_installed_reward_whose_entry_module_has_no_torch():
 # ------------------------------------------------------------------------------- failures
 
 
-def fake(reply):  # noqa: ANN001 - (status, body bytes) or a callable of the request's JSON
+def fake(reply):
     """A WSGI app answering every request with ``reply``."""
 
-    def app(environ, start_response):  # noqa: ANN001
+    def app(environ, start_response):
         request = Request(environ)
         status, body = reply(json.loads(request.get_data())) if callable(reply) else reply
         return Response(body, status=status, mimetype="application/json")(environ, start_response)
@@ -148,7 +148,7 @@ def fake(reply):  # noqa: ANN001 - (status, body bytes) or a callable of the req
     return app
 
 
-def score_one(client, batch) -> None:  # noqa: ANN001
+def score_one(client, batch) -> None:
     samples, prompts = batch
     score_all([WeightedReward("remote", client, 1.0)], samples, prompts)
 
@@ -163,7 +163,7 @@ def test_unreachable_server_names_the_command_to_start_it(batch):
 
 
 def test_timeout_names_the_option_to_raise(batch):
-    def slow(request):  # noqa: ANN001
+    def slow(request):
         time.sleep(1.0)
         return 200, b"{}"
 
@@ -192,7 +192,7 @@ def test_malformed_reply_is_one_line(batch, body, fragment):
 
 
 def test_wrong_count_of_scores(batch):
-    def short(request):  # noqa: ANN001
+    def short(request):
         n = len(request["prompts"])
         return 200, json.dumps({"protocol": 1, "reward": "x", "scores": {"score": [0.5] * (n - 1)}})
 
@@ -206,7 +206,7 @@ def test_server_side_failures_are_reported_with_the_fix(batch):
     class Broken:
         modalities = frozenset({"image"})
 
-        def score(self, samples, prompts, metadata):  # noqa: ANN001
+        def score(self, samples, prompts, metadata):
             raise ValueError("model not loaded")
 
     with serving(RewardApp("broken", Broken())) as url:
@@ -274,13 +274,13 @@ def serve_reward_process(name: str, *options: str) -> Iterator[tuple[subprocess.
         proc.wait(timeout=30)
 
 
-def kill_before_iteration(monkeypatch, iteration: int, proc: subprocess.Popen) -> None:  # noqa: ANN001
+def kill_before_iteration(monkeypatch, iteration: int, proc: subprocess.Popen) -> None:
     """The server dies between iterations ``iteration - 1`` and ``iteration`` of every Trainer."""
     from vgrpo_platform.training.loop import Trainer
 
     original_iterate = Trainer.iterate
 
-    def iterate(self, i: int):  # noqa: ANN001, ANN202
+    def iterate(self, i: int):
         if i == iteration and proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)
@@ -313,7 +313,7 @@ def test_training_scores_remotely_then_skips_and_stops_once_the_server_is_killed
     local = Trainer(resolve_recipe(toy, [*base, "run.name='local'"]))
     local.run()
 
-    def remote_recipe(url: str):  # noqa: ANN202
+    def remote_recipe(url: str):
         remote_options = [
             f"rewards.0.options.url={url!r}",
             "rewards.0.options.reward='brightness'",
@@ -386,7 +386,7 @@ def comparable(records: list[dict]) -> list[dict]:
     return [{key(k): v for k, v in r.items()} for r in without_timing(records)]
 
 
-def vgrpo(monkeypatch, *argv: str) -> int:  # noqa: ANN001
+def vgrpo(monkeypatch, *argv: str) -> int:
     """``vgrpo ARGV`` through the console entry point, in this process; returns its exit code."""
     from vgrpo_platform.cli import app as cli
 

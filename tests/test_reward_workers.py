@@ -33,7 +33,7 @@ def registry():
     return collect_components(build_plugin_manager(extra_plugins=[crashing_reward]))
 
 
-def toy(tmp_path: Path, name: str, *overrides: str, registry=None):  # noqa: ANN001, ANN201
+def toy(tmp_path: Path, name: str, *overrides: str, registry=None):
     base = [f"run.output_dir={tmp_path.as_posix()!r}", f"run.name={name!r}", "log.progress='none'"]
     return resolve_recipe(TOY, [*base, *BASE, *overrides], registry=registry)
 
@@ -67,7 +67,7 @@ class SizeRecorder:
     def __init__(self) -> None:
         self.calls: list[list[str]] = []
 
-    def score(self, samples, prompts, metadata):  # noqa: ANN001, ANN201
+    def score(self, samples, prompts, metadata):
         self.calls.append(list(prompts))
         return samples.data.flatten(1).mean(1)
 
@@ -101,7 +101,7 @@ def test_a_worker_that_dies_is_restarted_and_the_run_is_unchanged(tmp_path, regi
     trainer = Trainer(toy(tmp_path, "restart", *reward, "scoring.isolation='process'", registry=registry))
     original = trainer.iterate
 
-    def iterate(iteration: int):  # noqa: ANN202 - the worker dies while scoring iteration 2
+    def iterate(iteration: int):
         if iteration == 2:
             die.touch()
         return original(iteration)
@@ -127,7 +127,7 @@ def test_a_worker_that_keeps_dying_stops_the_run_with_a_resumable_checkpoint(tmp
     trainer = Trainer(toy(tmp_path, "dies", *worker, registry=registry))
     original = trainer.iterate
 
-    def iterate(iteration: int):  # noqa: ANN202
+    def iterate(iteration: int):
         if iteration == 3:
             die.touch()
         return original(iteration)
@@ -155,7 +155,7 @@ def test_a_reward_that_cannot_build_in_the_worker_fails_at_start_up_in_one_line(
         Trainer(recipe)
 
 
-def _raising_factory(config, context):  # noqa: ANN001, ANN202
+def _raising_factory(config, context):
     raise OSError("no weights at /nowhere")
 
 

@@ -234,7 +234,7 @@ def test_a_second_cfg_call_runs_in_its_own_branch(tmp_path):
     seen: list[str] = []
 
     @contextmanager
-    def record(module, branch):  # noqa: ANN001, ANN202
+    def record(module, branch):
         seen.append(branch)
         yield
 

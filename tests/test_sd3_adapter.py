@@ -37,7 +37,6 @@ PROMPTS = ["a red cat", "a blue dog", "a red cat"]
 LATENT = (4, RESOLUTION // 2, RESOLUTION // 2)
 
 
-# intended copy of tests/test_flux_adapter.py (config, fixtures): each module's own declarations
 def config(model: Path, **options) -> SD3AdapterConfig:
     return SD3AdapterConfig(model=str(model), resolution=RESOLUTION, max_sequence_length=TOKENS, **options)
 

@@ -32,10 +32,10 @@ class OnlyPrepareAndLoss(SurrogateBase):
     def __init__(self) -> None:
         self.inner = VGRPOSurrogate()
 
-    def prepare(self, batch, adapter, generator):  # noqa: ANN001, ANN201
+    def prepare(self, batch, adapter, generator):
         return self.inner.prepare(batch, adapter, generator)
 
-    def loss(self, batch, adapter):  # noqa: ANN001, ANN201
+    def loss(self, batch, adapter):
         return self.inner.loss(batch, adapter)
 
     def begin_iteration(self, iteration: int) -> None:
@@ -52,10 +52,10 @@ class OnlyPrepareAndLoss(SurrogateBase):
 
 
 class NotASurrogateBase:
-    def prepare(self, batch, adapter, generator):  # noqa: ANN001, ANN201
+    def prepare(self, batch, adapter, generator):
         raise AssertionError("never built far enough to be called")
 
-    def loss(self, batch, adapter):  # noqa: ANN001, ANN201
+    def loss(self, batch, adapter):
         raise AssertionError("never built far enough to be called")
 
 
@@ -73,11 +73,11 @@ class Plugin:
 
 
 @pytest.fixture(scope="module")
-def registry():  # noqa: ANN201
+def registry():
     return collect_components(build_plugin_manager(extra_plugins=[Plugin()]))
 
 
-def toy(tmp_path: Path, surrogate: str, registry, *extra: str):  # noqa: ANN001, ANN201
+def toy(tmp_path: Path, surrogate: str, registry, *extra: str):
     sets = [
         f"run.output_dir={tmp_path.as_posix()!r}",
         f"surrogate.name={surrogate!r}",

@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _harness():  # noqa: ANN202
+def _harness():
     from benchmarks import throughput
 
     return throughput

@@ -53,7 +53,7 @@ def fields_set(state: object) -> set[str]:
     return {f.name for f in dataclasses.fields(state) if getattr(state, f.name) is not None}
 
 
-def finite_difference(fn, module: torch.nn.Module, h: float = 1e-6) -> torch.Tensor:  # noqa: ANN001
+def finite_difference(fn, module: torch.nn.Module, h: float = 1e-6) -> torch.Tensor:
     """Central differences of the scalar ``fn()`` w.r.t. every parameter element of ``module``."""
     out = []
     with torch.no_grad():
@@ -70,7 +70,7 @@ def finite_difference(fn, module: torch.nn.Module, h: float = 1e-6) -> torch.Ten
     return torch.tensor(out, dtype=DT)
 
 
-def manual_loss(adapter: TinyAdapter, batch: RolloutBatch, cfg: VGRPOConfig, denominators=None):  # noqa: ANN001
+def manual_loss(adapter: TinyAdapter, batch: RolloutBatch, cfg: VGRPOConfig, denominators=None):
     """The objective written out per sample and per pair (no library loss functions).
 
     ``denominators`` ``[B][K]``: adaptive-weighting denominators frozen at given values (what the
@@ -317,7 +317,7 @@ def test_reference_anchor_uses_the_frozen_base_model(monkeypatch: pytest.MonkeyP
     entered = []
 
     @contextlib.contextmanager
-    def reference_mode(which: TinyAdapter):  # noqa: ANN202
+    def reference_mode(which: TinyAdapter):
         entered.append(which)
         saved = [p.detach().clone() for p in which.denoiser.parameters()]
         with torch.no_grad():

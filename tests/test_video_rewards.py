@@ -61,7 +61,7 @@ def test_framewise_passes_each_frame_its_clips_prompt() -> None:
     class Spy:
         modalities = frozenset({"image"})
 
-        def score(self, samples, prompts, metadata):  # noqa: ANN001, ANN202
+        def score(self, samples, prompts, metadata):
             seen.extend(prompts)
             return torch.zeros(len(samples))
 

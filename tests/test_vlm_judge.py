@@ -78,7 +78,7 @@ def make(url: str, **options) -> object:
     return build(Config(base_url=url, model=MODEL, **options), None)
 
 
-def score(reward, samples, prompts=PROMPTS):  # noqa: ANN001
+def score(reward, samples, prompts=PROMPTS):
     return reward.score(samples, list(prompts), [{}] * len(samples))
 
 

@@ -37,7 +37,6 @@ BOUNDARY = WAN22_BOUNDARY * 1000  # the pipeline's boundary timestep (num_train_
 STEPS = 3  # Euler grid 1, 2/3, 1/3 shifted by 3: timesteps 1000, 857, 600 -> high, high, low
 
 
-# intended copy of tests/test_flux2_adapter.py (klein_config): each adapter's own config class
 def config(model: Path, **options) -> WanAdapterConfig:
     return WanAdapterConfig(
         model=str(model),

@@ -99,7 +99,7 @@ def test_rollout_equals_the_diffusers_pipeline(adapter, model_dir) -> None:
     torch.testing.assert_close(clip, reference, atol=1e-5, rtol=1e-5)
 
 
-def _with_sigmas(set_timesteps, sigmas):  # noqa: ANN001, ANN202 - WanPipeline takes no sigmas argument
+def _with_sigmas(set_timesteps, sigmas):
     return lambda num_inference_steps, device=None, **kw: set_timesteps(sigmas=sigmas, device=device)
 
 

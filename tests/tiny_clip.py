@@ -41,7 +41,6 @@ def save_clip(folder: Path, *, image_size: int = 32, projection_dim: int = 16, s
             eos_token_id=eos,
             pad_token_id=eos,
         ),
-        # intended copy of tests/tiny_flux2.py (Qwen3Config): CLIP's vision config, another model
         vision_config=dict(
             image_size=image_size,
             patch_size=8,
@@ -223,7 +222,6 @@ def save_clap(folder: Path) -> Path:
     torch.manual_seed(0)
     model = ClapModel(
         ClapConfig(
-            # intended copy of tests/tiny_clip.py (save_clip text_config): CLAP's own text config
             text_config=ClapTextConfig(
                 vocab_size=len(vocab),
                 hidden_size=32,

@@ -86,7 +86,7 @@ def _vae() -> AutoencoderKLFlux2:
     return vae
 
 
-def _tokenizer(template: str, extra_tokens: list[str]):  # noqa: ANN202 - a Qwen2Tokenizer
+def _tokenizer(template: str, extra_tokens: list[str]):
     tok = qwen_tokenizer()
     tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in extra_tokens])
     tok.chat_template = template
@@ -157,7 +157,6 @@ def build_tiny_flux2_klein(folder: str | Path, seed: int = 0, is_distilled: bool
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         encoder = Qwen3ForCausalLM(
-            # intended copy of tests/tiny_pipelines.py (_clip_config): Qwen3's own config, another model
             Qwen3Config(
                 vocab_size=len(tok),
                 hidden_size=TEXT_WIDTH,

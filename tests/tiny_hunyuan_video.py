@@ -31,8 +31,7 @@ CHATML = (
 )
 
 
-def _qwen_text(tokenizer, hidden: int = 32) -> Qwen2_5_VLTextModel:  # noqa: ANN001
-    # intended copy of tests/tiny_hunyuan_video.py (_byt5 T5Config): Qwen2.5-VL's own config
+def _qwen_text(tokenizer, hidden: int = 32) -> Qwen2_5_VLTextModel:
     config = Qwen2_5_VLTextConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden,
@@ -48,7 +47,6 @@ def _qwen_text(tokenizer, hidden: int = 32) -> Qwen2_5_VLTextModel:  # noqa: ANN
 
 
 def _byt5(tokenizer: ByT5Tokenizer, d_model: int = 16) -> T5EncoderModel:
-    # intended copy of tests/tiny_flux2.py, tiny_pipelines.py, tiny_clip.py (configs): ByT5's own
     config = T5Config(
         vocab_size=len(tokenizer),
         d_model=d_model,

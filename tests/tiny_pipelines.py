@@ -105,8 +105,7 @@ def t5_tokenizer() -> T5Tokenizer:
     return T5Tokenizer(vocab=pieces, extra_ids=0)
 
 
-def _clip_config(vocab_size: int, tokenizer) -> CLIPTextConfig:  # noqa: ANN001
-    # intended copy of tests/tiny_clip.py (save_clip): the pipelines' CLIP text config
+def _clip_config(vocab_size: int, tokenizer) -> CLIPTextConfig:
     return CLIPTextConfig(
         vocab_size=vocab_size,
         hidden_size=32,
@@ -412,7 +411,6 @@ def build_tiny_qwen_image(folder: str | Path, seed: int = 0, shift_terminal: flo
                 latents_std=[1.5, 0.8, 1.0, 2.0],
             ),
             text_encoder=_qwen_vl(tok),
-            # intended copy of tests/tiny_pipelines.py (build_tiny_flux): Qwen-Image's own transformer
             tokenizer=tok,
             transformer=QwenImageTransformer2DModel(
                 patch_size=2,

@@ -94,7 +94,6 @@ def build_tiny_qwen_image21(folder: str | Path, seed: int = 0) -> Path:
         torch.manual_seed(seed)
         pipe = QwenImage21Pipeline(
             scheduler=FlowMatchEulerDiscreteScheduler(**{**QWEN_SCHEDULER, "shift_terminal": None}),
-            # intended copy of tests/tiny_pipelines.py (build_tiny_qwen_image vae): 2.1's own VAE class
             vae=AutoencoderKLQwenImage21(
                 base_dim=8,
                 decoder_base_dim=8,
@@ -107,7 +106,6 @@ def build_tiny_qwen_image21(folder: str | Path, seed: int = 0) -> Path:
             ),
             text_encoder=_text_encoder(processor),
             processor=processor,
-            # intended copy of tests/tiny_clip.py (vision_config): 2.1's own transformer config
             transformer=QwenImage21Transformer2DModel(
                 in_channels=4,
                 out_channels=4,

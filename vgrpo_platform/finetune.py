@@ -79,7 +79,7 @@ def uses_lora(denoiser: torch.nn.Module) -> bool:
 
 
 @contextmanager
-def reference_mode(adapter) -> Iterator[None]:  # noqa: ANN001 - any protocols.Adapter
+def reference_mode(adapter: Adapter) -> Iterator[None]:
     """Inside this context ``adapter.predict`` evaluates the frozen base (reference) model."""
     denoiser = adapter.denoiser
     if uses_lora(denoiser):

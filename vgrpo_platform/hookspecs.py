@@ -13,7 +13,7 @@ The four ``register_<kind>s(register)`` hooks are the previous form, deprecated:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
@@ -40,7 +40,7 @@ def register_components() -> list[Component]:
 
 
 @hookspec
-def register_commands(app):  # noqa: ANN001 - the root typer.Typer; typer is imported lazily
+def register_commands(app: Any) -> None:  # app: the root typer.Typer (typer is imported lazily)
     """Add sub-commands to the ``vgrpo`` command line; ``app`` is the root ``typer.Typer``."""
 
 
@@ -50,7 +50,7 @@ def register_commands(app):  # noqa: ANN001 - the root typer.Typer; typer is imp
 def _deprecated_spec(name: str, kind: str) -> Callable[..., None]:
     """The previous release's per-kind hook ``name(register)``: one spec per kind, same contract."""
 
-    def spec(register):  # noqa: ANN001 - the host's register(name, factory, config, summary="")
+    def spec(register: Any) -> None:  # the host's register(name, factory, config, summary="")
         pass
 
     spec.__name__ = spec.__qualname__ = name

@@ -41,7 +41,9 @@ def _uniform_sigmas(steps: int) -> np.ndarray:
     return np.linspace(1.0, 1.0 / steps, steps)
 
 
-def make_scheduler(sampler: SamplerSpec, shift: float = 1.0, device: torch.device | str | None = None):
+def make_scheduler(
+    sampler: SamplerSpec, shift: float = 1.0, device: torch.device | str | None = None
+) -> FlowMatchEulerDiscreteScheduler | DPMSolverMultistepScheduler | UniPCMultistepScheduler:
     """A fresh diffusers scheduler with its timesteps set (schedulers are stateful: one per rollout)."""
     if sampler.steps < 1:
         raise ValueError(f"sampler.steps must be >= 1, got {sampler.steps}")
@@ -87,5 +89,5 @@ def solve_flow_ode(
     for i, timestep in enumerate(scheduler.timesteps):
         t = scheduler.sigmas[i].to(device=noise.device, dtype=torch.float32).expand(batch)  # [B]
         v = predict(z.to(noise.dtype), t).float()  # [B, *L]
-        z = scheduler.step(v, timestep, z, return_dict=False)[0].float()
+        z = scheduler.step(v, timestep, z, return_dict=False)[0].float()  # type: ignore[arg-type]
     return z.to(noise.dtype)

@@ -21,7 +21,6 @@ SHIFT_STEPS_HELP = (
 )
 
 
-# intended copy of adapters/flux/__init__.py (FluxAdapterConfig): FLUX.2's own defaults and texts, same shape
 class Flux2AdapterConfig(DiffusersAdapterConfig):
     """Options of ``[adapter.options]`` for ``name = "flux2"`` (FLUX.2 [dev])."""
 
@@ -53,7 +52,6 @@ class Flux2AdapterConfig(DiffusersAdapterConfig):
 class Flux2KleinAdapterConfig(DiffusersAdapterConfig, CFGOptions):
     """Options of ``[adapter.options]`` for ``name = "flux2_klein"`` (FLUX.2 [klein])."""
 
-    # intended copy of adapters/shapes/__init__.py (Config fields): klein's own defaults and texts, same shape
     model: str = Field(
         "black-forest-labs/FLUX.2-klein-4B",
         description="Hub id or local folder of a FLUX.2 [klein] pipeline in the diffusers layout: the "

@@ -14,7 +14,6 @@ from vgrpo_platform.hookspecs import hookimpl
 from vgrpo_platform.registry import Component
 
 
-# intended copy of adapters/flux2/__init__.py (Flux2KleinAdapterConfig): own defaults and texts, same shape
 class QwenImage21AdapterConfig(DiffusersAdapterConfig, CFGOptions):
     """Options of ``[adapter.options]`` for ``name = "qwen_image21"``."""
 
@@ -37,7 +36,6 @@ class QwenImage21AdapterConfig(DiffusersAdapterConfig, CFGOptions):
         description="Text tokens stored per prompt (after the system prefix is dropped). The pipeline never "
         "truncates, so a longer prompt is refused rather than cut; shorter ones are padded and masked.",
     )
-    # intended copy of adapters/qwen_image/__init__.py (QwenImageAdapterConfig): 2.x's own texts, same shape
     cfg_scale: float = Field(
         1.0,
         ge=1.0,

@@ -54,7 +54,6 @@ SLOT = 4
 """Image tokens per Qwen3-VL image slot (2x2), the transformer's ``_IMG_TOKENS_PER_SLOT``."""
 
 
-# intended copy of adapters/flux/impl.py (FluxAdapter attributes): another model's pipeline and LoRA targets
 class QwenImage21Adapter(QwenImageAdapter):
     """Qwen-Image 2.x single-stream transformer (trained) + RGBA video VAE and Qwen3-VL (frozen)."""
 

@@ -9,6 +9,7 @@ the heavy modules load in the factory and in the command's body.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field
 
@@ -22,7 +23,6 @@ WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 class Config(PluginConfig):
     """Options of ``[adapter.options]`` for ``name = "shapes"``."""
 
-    # intended copy of adapters/toy/__init__.py (ToyAdapterConfig fields): own defaults and texts, same shape
     model_path: str | None = Field(
         None,
         description="Folder with transformer/, text_encoder/ and tokenizer/ (e.g. written by "
@@ -54,7 +54,7 @@ def register_components() -> list[Component]:
 
 
 @hookimpl
-def register_commands(app):  # noqa: ANN001 - the root typer.Typer
+def register_commands(app: Any) -> None:  # app: the root typer.Typer
     import typer
 
     @app.command("pretrain-shapes")

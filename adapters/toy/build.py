@@ -88,7 +88,6 @@ def build_toy_model(
     if resolution % patch_size:
         raise ValueError(f"resolution must be a multiple of the patch size {patch_size}, got {resolution}")
     folder = Path(folder)
-    # intended copy of adapters/toy/build.py (CLIPTokenizer(...) keywords): other keywords, same shape
     args: dict[str, Any] = dict(
         seed=seed,
         resolution=resolution,

@@ -43,7 +43,6 @@ def wan_shift(scheduler_config: Any) -> float:
     return static_shift(scheduler_config, 0)
 
 
-# intended copy of adapters/qwen_image/impl.py (QwenImageAdapter attributes): other modules, same shape
 class WanAdapter(TrueCFGMixin, DiffusersVideoAdapter):
     """Wan 3D DiT (trained) + video VAE and UMT5 (frozen), optional true CFG."""
 

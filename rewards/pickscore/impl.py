@@ -15,7 +15,6 @@ from .._clip_bases import ClipEmbeddingReward
 if TYPE_CHECKING:
     from . import Config
 
-# intended copy of rewards/clipscore/impl.py (FIX, class header): sibling subclasses name their own weights
 FIX = (
     "download it with `huggingface-cli download yuvalkirstain/PickScore_v1 --local-dir DIR` (and "
     "`laion/CLIP-ViT-H-14-laion2B-s32B-b79K` for the processor) and set the reward's options.model "

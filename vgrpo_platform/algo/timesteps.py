@@ -51,7 +51,6 @@ def stratified_uniform(
     return u.to(device) if device is not None else u
 
 
-# intended copy of vgrpo_platform/algo/timesteps.py (stratified_uniform): draw_pairs swaps one for the other
 def iid_uniform(
     n_sets: int,
     k: int,

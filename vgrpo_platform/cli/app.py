@@ -396,7 +396,6 @@ def new_reward(
     _new("reward", name, directory, package, dist)
 
 
-# intended copy of vgrpo_platform/cli/app.py (new_reward): typer reads options from each command's signature
 @new_app.command("adapter")
 def new_adapter(
     name: str = NameArg,

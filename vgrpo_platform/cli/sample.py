@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from vgrpo_platform import media
+from vgrpo_platform.config.recipe import ResolvedRecipe
 from vgrpo_platform.errors import CheckpointError
 from vgrpo_platform.protocols import BuildContext, SamplerSpec, Samples
 from vgrpo_platform.training.iteration.rollout import generate_with_extras
@@ -35,7 +36,7 @@ def _resolve_checkpoint(checkpoint: str | Path | None) -> Checkpoint | None:
 
 @torch.no_grad()
 def trained_session(
-    resolved,  # noqa: ANN001 - recipe.ResolvedRecipe
+    resolved: ResolvedRecipe,
     context: BuildContext,
     checkpoint: str | Path | None = None,
 ) -> tuple[Session, Checkpoint | None]:
@@ -63,7 +64,7 @@ def trained_session(
 
 @torch.no_grad()
 def sample_to_folder(
-    resolved,  # noqa: ANN001 - recipe.ResolvedRecipe
+    resolved: ResolvedRecipe,
     *,
     out_dir: str | Path,
     checkpoint: str | Path | None = None,

@@ -36,7 +36,7 @@ class Names:
     """What the placeholders become."""
 
     name: str  # component name in recipes: "colorfulness"
-    Class: str  # noqa: N815 - the placeholder's spelling: "Colorfulness"
+    Class: str
     package: str  # import name: "vgrpo_colorfulness"
     distribution: str  # pip name, also the folder: "vgrpo-colorfulness"
 

@@ -160,7 +160,7 @@ class RoutedDenoiser:
         self.call, self.wrapper = call, wrapper
         call.route_gradients(wrapper)
 
-    def no_sync(self, accelerator: Any):  # noqa: ANN201 - a context manager
+    def no_sync(self, accelerator: Any) -> AbstractContextManager[None]:
         """Skip the gradient all-reduce (every micro-batch but a step's last one)."""
         return accelerator.no_sync(self.wrapper)
 
@@ -314,6 +314,6 @@ def maybe_no_sync(routed: RoutedDenoiser | None, accelerator: Any, skip: bool) -
         yield
 
 
-def bypassed(routed: RoutedDenoiser | None):  # noqa: ANN201 - a context manager
+def bypassed(routed: RoutedDenoiser | None) -> AbstractContextManager[None]:
     """Forwards inside reach the module itself (``RoutedDenoiser.bypassed``); without routing, nothing."""
     return routed.bypassed() if routed is not None else nullcontext()

@@ -20,6 +20,7 @@ import torch
 
 from vgrpo_platform.errors import RecipeError
 from vgrpo_platform.network import denoiser_call_of
+from vgrpo_platform.protocols import SamplerSpec
 from vgrpo_platform.rollout_backends.in_process import InProcessBackend
 
 CACHES = {
@@ -126,7 +127,7 @@ class CachedBackend(InProcessBackend):
         self.options = {**DEFAULT_OPTIONS.get(cache, {}), **(options or {})}
         self.config = cache_config(cache, self.options)
 
-    def sample_chunk(self, noise: torch.Tensor, cond: dict, sampler) -> torch.Tensor:  # noqa: ANN001
+    def sample_chunk(self, noise: torch.Tensor, cond: dict, sampler: SamplerSpec) -> torch.Tensor:
         call = denoiser_call_of(self.adapter)
         config = cache_config(self.cache, self.options)
         with cache_installed(call.module, self.cache, config), call.hooked(cache_context):

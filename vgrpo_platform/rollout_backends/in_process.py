@@ -6,6 +6,7 @@ import time
 
 import torch
 
+from vgrpo_platform.protocols import SamplerSpec
 from vgrpo_platform.rollout_backends.contract import RolloutBackend, RolloutRequest, RolloutResult
 
 
@@ -13,7 +14,7 @@ class InProcessBackend(RolloutBackend):
     exact = True
     name = "in_process"
 
-    def sample_chunk(self, noise: torch.Tensor, cond: dict, sampler) -> torch.Tensor:  # noqa: ANN001
+    def sample_chunk(self, noise: torch.Tensor, cond: dict, sampler: SamplerSpec) -> torch.Tensor:
         return self.adapter.sample(noise, cond, sampler)
 
     def generate(self, request: RolloutRequest) -> RolloutResult:

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from vgrpo_platform.algo.grpo import compute_advantages
-from vgrpo_platform.config.recipe import save_resolved
+from vgrpo_platform.config.recipe import ResolvedRecipe, save_resolved
 from vgrpo_platform.errors import RecipeError, RewardError, VgrpoError
 from vgrpo_platform.network import denoiser_call_of
 from vgrpo_platform.parallel import data_parallel as dp
@@ -97,7 +97,7 @@ class _Scores:
 class Trainer:
     """Holds one run's state; ``run()`` is the loop."""
 
-    def __init__(self, resolved, *, resume: bool = False) -> None:  # noqa: ANN001 - recipe.ResolvedRecipe
+    def __init__(self, resolved: ResolvedRecipe, *, resume: bool = False) -> None:
         self.resolved = resolved
         self.recipe = recipe = resolved.recipe
         t = recipe.train
@@ -177,7 +177,7 @@ class Trainer:
                 history = [r for r in read_metrics(self.metrics.path) if r.get("kind") == "eval"]
         self.watch = Watch(self.recipe.eval.monitor, self.accelerator, history)
 
-    def _rollout_source(self, resolved, context: BuildContext) -> RolloutSource:  # noqa: ANN001
+    def _rollout_source(self, resolved: ResolvedRecipe, context: BuildContext) -> RolloutSource:
         """``[rollout] backend``: built here, started on the session's adapter and trainable weights."""
         rollout, ref = self.recipe.rollout, resolved.rollout_backend
         backend = (
@@ -568,7 +568,7 @@ def _headline(record: dict[str, float]) -> dict[str, float]:
     return {k: record[k] for k in keys if k in record}
 
 
-def run(resolved, *, resume: bool = False) -> Path:  # noqa: ANN001 - recipe.ResolvedRecipe
+def run(resolved: ResolvedRecipe, *, resume: bool = False) -> Path:
     """Train the recipe to completion (or until interrupted); returns the run directory."""
     trainer = Trainer(resolved, resume=resume)
     run_dir = trainer.run()

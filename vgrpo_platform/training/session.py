@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 
 import torch
 
+from vgrpo_platform.config.recipe import ResolvedRecipe, ResolvedReward
 from vgrpo_platform.config.schema import Recipe
 from vgrpo_platform.errors import PluginError
 from vgrpo_platform.finetune import make_trainable
@@ -67,7 +68,7 @@ class ScoredInWorker:
 
 
 def build_session(
-    resolved,  # noqa: ANN001 - recipe.ResolvedRecipe
+    resolved: ResolvedRecipe,
     context: BuildContext,
     *,
     rewards_here: bool = True,
@@ -80,7 +81,7 @@ def build_session(
     trainable = make_trainable(adapter, resolved.recipe.train)
     offload_rewards = resolved.recipe.train.offload_rewards
 
-    def build_rewards(refs) -> list[WeightedReward]:  # noqa: ANN001 - recipe.ResolvedReward list
+    def build_rewards(refs: Sequence[ResolvedReward]) -> list[WeightedReward]:
         built = []
         for r in refs:
             if not rewards_here:
@@ -102,7 +103,6 @@ def build_session(
     with torch.random.fork_rng(devices=[]):  # evaluation-only rewards leave training's random draws alone
         eval_rewards = build_rewards(resolved.eval_rewards)
     return Session(
-        # intended copy of vgrpo_platform/config/recipe.py (ResolvedRecipe(...)): another record's keywords
         adapter=adapter,
         trainable=trainable,
         rewards=rewards,

@@ -82,7 +82,7 @@ class SignalFlowAdapter(CoreCalledAdapter):
         self.schedule = RectifiedFlowSchedule(shift)
 
     @classmethod
-    def from_config(cls, config, context: BuildContext) -> SignalFlowAdapter:  # noqa: ANN001
+    def from_config(cls, config: Any, context: BuildContext) -> SignalFlowAdapter:
         adapter = cls(config.length, config.hidden, config.prior_std, config.shift, config.init_seed)
         adapter.prompt_encoder.to(context.device)
         adapter.denoiser.to(context.device)

@@ -95,7 +95,6 @@ class FlowGRPOConfig(PluginConfig):
         None, ge=1, description="MixGRPO: SDE steps per rollout in a sliding window; null = all (Flow-GRPO)."
     )
     window_shift_every: int = Field(25, ge=1, description="MixGRPO: iterations between window moves.")
-    # intended copy of vgrpo_platform/algo/surrogates/configs.py (VGRPOConfig): fields alike in shape only
     window_stride: int = Field(
         1, ge=1, description="MixGRPO: steps the window moves each time (wraps around)."
     )

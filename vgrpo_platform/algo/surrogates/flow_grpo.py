@@ -161,7 +161,6 @@ class FlowGRPOSurrogate(SurrogateBase):
         return mean, sde.step_std(s, t, t_next), s
 
     @torch.no_grad()
-    # intended copy of vgrpo_platform/protocols.py (SurrogateBase.rollout): an override repeats its signature
     def rollout(
         self,
         adapter: Adapter,

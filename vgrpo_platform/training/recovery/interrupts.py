@@ -18,7 +18,7 @@ class StopFlag:
     def installed(self) -> Iterator[None]:
         previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
 
-        def handler(signum, frame):  # noqa: ANN001
+        def handler(signum: int, frame: object) -> None:
             if self.requested:  # second signal: stop now, the last checkpoint stays valid
                 raise KeyboardInterrupt
             self.requested, self.signal_name = True, signal.Signals(signum).name
