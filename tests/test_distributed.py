@@ -4,6 +4,7 @@ evaluations, same weights; a sharded run stopped and resumed equals one that ran
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -164,6 +165,22 @@ def test_a_sharded_run_resumes_from_its_full_checkpoint(tmp_path, single, kind):
         for resumed_run in (first, alone):
             averaged = _final_weights(resumed_run, "averaged.safetensors")[key]
             torch.testing.assert_close(value, averaged, rtol=1e-5, atol=5e-6)
+
+
+def test_an_fsdp2_rollout_gathers_each_unit_once_and_samples_the_same(tmp_path):
+    """Without the context every denoising step all-gathers every block again; inside it each unit is
+    gathered at most once per rollout, the samples are bit-identical, and afterwards the weights are
+    slices again and the old per-step behaviour is back (training's resharding is untouched)."""
+    out = tmp_path / "gathers.json"
+    entry = [str(ROOT / "tests" / "fsdp2_generate_cpu.py"), str(out), str(tmp_path)]
+    done = subprocess.run(_torchrun(*entry), cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(out.read_text())
+    blocks = found["units"] - 1  # the root is never resharded after forward by FSDP2 itself
+    assert found["gathers_plain"] == 1 + blocks * found["steps"]
+    assert found["gathers_once"] <= found["units"]
+    assert found["gathers_after"] == found["gathers_plain"]
+    assert found["same_samples"] and found["resharded"]
 
 
 def test_an_uneven_prompt_split_fails_before_training():

@@ -201,3 +201,35 @@ def unsharded(module: torch.nn.Module) -> Iterator[None]:
     finally:
         for unit in reversed(units):
             unit.reshard()
+
+
+@contextmanager
+def gathered_while_generating(module: torch.nn.Module) -> Iterator[None]:
+    """Inside, each FSDP2 unit of ``module`` all-gathers its weights at its first forward and keeps them
+    whole until the block ends; after it, every unit is resharded and resharding after forward restored.
+
+    Why: a rollout calls the denoiser once per solver step (and per CFG branch) without gradients; with
+    FSDP2's ``reshard_after_forward`` each of those forwards all-gathers every unit again, a rollout of S
+    steps S times over. Generating with whole weights costs one unit's full size per unit for the
+    rollout's length, the memory a single process holds anyway. Every rank must enter; without FSDP2 units
+    it does nothing.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in module.modules() if isinstance(m, FSDPModule)]
+    saved: list[tuple[Any, Any, bool | None, Any]] = []
+    for unit in units:  # FSDP2 keeps the setting per unit: remember it exactly, root's automatic one too
+        state = unit._get_fsdp_state()
+        group = state._fsdp_param_group
+        mesh_info = group.post_forward_mesh_info if group is not None else None
+        saved.append((state, group, state._auto_reshard_after_forward, mesh_info))
+        unit.set_reshard_after_forward(False, recurse=False)
+    try:
+        yield
+    finally:
+        for unit_state, unit_group, auto, unit_mesh_info in saved:
+            unit_state._auto_reshard_after_forward = auto
+            if unit_group is not None:
+                unit_group.post_forward_mesh_info = unit_mesh_info
+        for unit in reversed(units):
+            unit.reshard()

@@ -410,16 +410,17 @@ class Trainer:
         sample_chunk, info, generating = self.source.sampler_for(
             plan, self.sampler, iteration, chunk, draw.pending
         )
-        latents, samples, state = roll_out(
-            self.session.adapter,
-            plan,
-            sampler=self.sampler,
-            generator=self.loop.rollout_rng,
-            chunk_size=chunk,
-            rollout_fn=surrogate_sampler(self.session.surrogate, self.accelerator.autocast),
-            sample_chunk=sample_chunk,
-            on_chunk=feeder,
-        )
+        with sharded_state.gathered_while_generating(self.session.adapter.denoiser):  # FSDP2: gather once
+            latents, samples, state = roll_out(
+                self.session.adapter,
+                plan,
+                sampler=self.sampler,
+                generator=self.loop.rollout_rng,
+                chunk_size=chunk,
+                rollout_fn=surrogate_sampler(self.session.surrogate, self.accelerator.autocast),
+                sample_chunk=sample_chunk,
+                on_chunk=feeder,
+            )
         return _Rollout(plan, latents, samples, state, info, generating)
 
     def _advantages(self, draw: _Draw, scored: tuple[dict, dict]) -> _Scores:

@@ -25,6 +25,7 @@ import torch
 from vgrpo_platform.config.schema import DIVERSITY, EVAL_ONLY_TOTAL
 from vgrpo_platform.errors import RewardError
 from vgrpo_platform.parallel.data_parallel import gather_objects, lockstep_rows, shard_of
+from vgrpo_platform.parallel.sharded_state import gathered_while_generating
 from vgrpo_platform.protocols import SamplerSpec, Samples
 from vgrpo_platform.training.iteration.rollout import generate_with_extras
 from vgrpo_platform.training.observe.grids import save_grid
@@ -177,16 +178,17 @@ def evaluate(
     samples = None
     if mine or padding:
         padded = mine + [prompts[-1]] * padding
-        group_ids, _, _, _, samples, _ = generate_with_extras(
-            session.adapter,
-            padded,
-            group_size=per_prompt,
-            sampler=protocol.sampler,
-            generator=torch.Generator().manual_seed(protocol.seed),
-            chunk_size=protocol.chunk_size,
-            device=accelerator.device,
-            noise_window=(block.start * per_prompt, len(prompts) * per_prompt),
-        )
+        with gathered_while_generating(session.adapter.denoiser):  # FSDP2: each unit gathered once
+            group_ids, _, _, _, samples, _ = generate_with_extras(
+                session.adapter,
+                padded,
+                group_size=per_prompt,
+                sampler=protocol.sampler,
+                generator=torch.Generator().manual_seed(protocol.seed),
+                chunk_size=protocol.chunk_size,
+                device=accelerator.device,
+                noise_window=(block.start * per_prompt, len(prompts) * per_prompt),
+            )
         real = len(mine) * per_prompt
         samples = replace(samples, data=samples.data[:real])
         flat_prompts = [mine[int(g)] for g in group_ids[:real]]
