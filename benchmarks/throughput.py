@@ -15,6 +15,9 @@ What is timed, after one untimed warm-up iteration (which also compiles):
 
 - **rollout**: the training rollout of the method: the adapter's Euler ODE sampler for V-GRPO
   (``adapter.sample``), the surrogate's own SDE rollout with log-probs for Flow-GRPO; samples / second.
+  ``--rollout cached`` runs V-GRPO's through the ``cached`` rollout backend (diffusers' TaylorSeer cache
+  with the options ``benchmarks.rollout_backends --probe`` chose), as a recipe's
+  ``rollout.backend = "cached"`` does; Flow-GRPO samples its own SDE and has no cached row.
 - **train**: ``surrogate.prepare`` (Flow-GRPO: the reference policy's forwards for its KL) plus one
   optimiser step over the batch in micro-batches, as ``Trainer.update`` does it: ``surrogate.loss``
   under autocast, ``backward``, gradient clipping at 1.0, AdamW. The loss code is the shipped surrogates'.
@@ -61,6 +64,7 @@ NOT_BUILT = (
     "their output shapes; no decoding): transformer-only figures."
 )
 METHODS = ("vgrpo", "flow_grpo")
+ROLLOUTS = ("in_process", "cached")
 
 
 def peak_tflops(device_name: str) -> float | None:
@@ -86,6 +90,7 @@ class Setting:
     steps: int = 10
     lora_rank: int = 32
     size: dict[str, int] = field(default_factory=dict)
+    rollout: str = "in_process"  # the rollout backend: "in_process" | "cached"
 
 
 @dataclass
@@ -263,6 +268,8 @@ def one_iteration(
     cond = adapter.encode_prompts(prompts)
     noise = torch.randn((b, *adapter.latent_shape()), generator=generator).to(device, adapter.dtype)
     sampler = SamplerSpec("euler", setting.steps)
+    if surrogate.owns_rollout and setting.rollout != "in_process":
+        raise ValueError(f"{setting.method} samples its own SDE rollout: no {setting.rollout!r} backend")
     log = CallLog(adapter)
     _sync(device)
     _peak_gb(device, reset=True)
@@ -271,7 +278,7 @@ def one_iteration(
         if surrogate.owns_rollout:  # every SurrogateBase has rollout(); only these sample with it
             latents, state = surrogate.rollout(adapter, noise, cond, sampler, generator)
         else:
-            latents, state = adapter.sample(noise, cond, sampler), None
+            latents, state = rollout_backend(adapter, setting).sample_chunk(noise, cond, sampler), None
     _sync(device)
     t1 = time.perf_counter()
     rollout_gb = _peak_gb(device)
@@ -308,6 +315,19 @@ def one_iteration(
         "grad_rows": log.grad_rows,
         "nograd_rows": log.nograd_rows,
     }
+
+
+def rollout_backend(adapter: Any, setting: Setting) -> Any:
+    """The shipped backend the recipe's ``rollout.backend`` names, started on ``adapter``: the cached
+    one with the probed TaylorSeer setting (its ``DEFAULT_OPTIONS``), so the row times the recipe's code."""
+    from vgrpo_platform.rollout_backends.cached import CachedBackend
+    from vgrpo_platform.rollout_backends.in_process import InProcessBackend
+
+    if setting.rollout not in ROLLOUTS:
+        raise ValueError(f"unknown rollout backend {setting.rollout!r}; expected one of {ROLLOUTS}")
+    backend = CachedBackend("taylorseer") if setting.rollout == "cached" else InProcessBackend()
+    backend.start(adapter, {})
+    return backend
 
 
 def _shape(adapter: Any, spec: models.ModelSpec, setting: Setting) -> str:
@@ -390,6 +410,7 @@ COLUMNS = [
     ("ckpt", lambda r: "on" if r.setting.checkpointing else "off"),
     ("compile", lambda r: "on" if r.setting.compile else "off"),
     ("dtype", lambda r: r.setting.dtype),
+    ("rollout", lambda r: r.setting.rollout),
     ("B/mb/steps [latent]", lambda r: r.shape),
     ("status", lambda r: r.status),
     ("rollout samp/s", lambda r: _f(r.rollout_samples_s, ".3g")),
@@ -448,14 +469,15 @@ def write(rows: Sequence[Row], paths: Sequence[str]) -> None:
         p.write_text(to_json(rows) if p.suffix == ".json" else to_markdown(rows))
 
 
+def row_from(entry: dict[str, Any]) -> Row:
+    """A row back from its ``asdict`` form (a record without the later ``rollout`` key is in-process)."""
+    entry = dict(entry)
+    return Row(setting=Setting(**entry.pop("setting")), **entry)
+
+
 def load_rows(paths: Sequence[str]) -> list[Row]:
     """Rows back from ``--out x.json`` files (``--merge``); a file may hold any number of rows."""
-    rows = []
-    for path in paths:
-        for entry in json.loads(Path(path).read_text())["rows"]:
-            setting = Setting(**entry.pop("setting"))
-            rows.append(Row(setting=setting, **entry))
-    return rows
+    return [row_from(entry) for path in paths for entry in json.loads(Path(path).read_text())["rows"]]
 
 
 # --------------------------------------------------------------------------------------------- CLI
@@ -469,8 +491,8 @@ def settings_from(args: argparse.Namespace) -> list[Setting]:
     if args.width is not None:
         size["width"] = args.width
     out = []
-    for model, method, tune, ckpt, comp in itertools.product(
-        models_, args.methods, args.finetune, args.checkpointing, args.compile
+    for model, method, tune, ckpt, comp, rollout in itertools.product(
+        models_, args.methods, args.finetune, args.checkpointing, args.compile, args.rollout
     ):
         out.append(
             Setting(
@@ -485,6 +507,7 @@ def settings_from(args: argparse.Namespace) -> list[Setting]:
                 steps=args.steps or (4 if args.tiny else 10),
                 lora_rank=args.lora_rank or (4 if args.tiny else 32),
                 size=dict(size),
+                rollout=rollout,
             )
         )
     return out
@@ -506,6 +529,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--finetune", nargs="+", choices=["lora", "full"], default=["lora"])
     p.add_argument("--checkpointing", nargs="+", choices=["on", "off"], default=["on"])
     p.add_argument("--compile", nargs="+", choices=["off", "on"], default=["off"])
+    p.add_argument(
+        "--rollout", nargs="+", choices=ROLLOUTS, default=["in_process"], help="V-GRPO's rollout backend"
+    )
     p.add_argument("--batch", type=int, default=4, help="samples per rollout (one prompt group)")
     p.add_argument(
         "--micro-batch", type=int, default=None, help="rows per training forward (default 1; tiny 2)"

@@ -346,3 +346,11 @@ def test_broken_plugin_is_one_line_at_startup(monkeypatch, capsys):
         "error: plugin 'broken' from distribution 'broken-dist' failed to import: ImportError: boom; "
         "fix or uninstall broken-dist\n"
     )
+
+
+def test_docs_cli_md_has_a_section_for_every_command():
+    headings = [
+        ln for ln in (ROOT / "docs" / "cli.md").read_text().splitlines() if ln.startswith("## `vgrpo ")
+    ]
+    documented = {ln.split()[2].rstrip("`") for ln in headings}
+    assert {c.name or c.callback.__name__ for c in cli.app.registered_commands} <= documented

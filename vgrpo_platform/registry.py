@@ -73,4 +73,5 @@ def lazy_factory(target: str, entry_module: str, name: str) -> Factory:
     build.__module__ = entry_module
     build.__name__ = build.__qualname__ = f"build_{name}"
     build.__doc__ = f"Factory of ``{name}``: imports {module_name} only when a run builds it."
+    build.target = target  # type: ignore[attr-defined]  # what `vgrpo plan` reads class attributes from
     return build

@@ -327,6 +327,63 @@ def report(
     typer.echo(str(index))
 
 
+ACCELERATE_DIR = Path(__file__).resolve().parents[2] / "recipes" / "accelerate"
+
+
+@app.command()
+def plan(
+    recipe: Path = RecipeArg,
+    gpus: int = typer.Option(1, "--gpus", min=1, help="Processes (GPUs) of the multi-GPU configs."),
+    gpu_memory: str | None = typer.Option(
+        None,
+        "--gpu-memory",
+        help="Memory of one GPU, e.g. 80GiB: says which configs fit.",
+        show_default=False,
+    ),
+    reward_gb: float = typer.Option(
+        0.0, "--reward-gb", min=0, help="GiB of reward models (and frozen encoders) on the GPU."
+    ),
+    tokens: int | None = typer.Option(
+        None,
+        "--tokens",
+        min=1,
+        help="Tokens per sample (default: from the adapter's size options).",
+        show_default=False,
+    ),
+    transformer_config: Path | None = typer.Option(
+        None,
+        "--transformer-config",
+        help="The denoiser's diffusers config.json, if not downloaded.",
+        show_default=False,
+    ),
+    accelerate_dir: Path = typer.Option(
+        ACCELERATE_DIR, "--accelerate-dir", help="Folder of accelerate configs to check."
+    ),
+    overrides: list[str] | None = SetOpt,
+    debug: bool = DebugOpt,
+) -> None:
+    """Estimate peak GPU memory per process for RECIPE, and which accelerate configs fit.
+
+    The denoiser is built from its config on the meta device (no weights, no download); the sums
+    (weights, trainable state, AdamW, activations, sharding, reward offload) are in docs/cli.md. An
+    estimate: check it against a short run.
+    """
+    with user_errors(debug):
+        resolved = _resolve(recipe, overrides)
+        plan_module = importlib.import_module("vgrpo_platform.cli.plan")  # heavy: torch, diffusers
+        memory = plan_module.parse_size(gpu_memory) if gpu_memory else None
+        for line in plan_module.lines(
+            resolved,
+            gpus=gpus,
+            gpu_memory=memory,
+            tokens=tokens,
+            reward_gb=reward_gb,
+            config_path=transformer_config,
+            accelerate_dir=accelerate_dir,
+        ):
+            typer.echo(line)
+
+
 @app.command("serve-reward")
 def serve_reward(
     name: str = typer.Argument(..., help="An installed reward (see `vgrpo plugins`).", show_default=False),
