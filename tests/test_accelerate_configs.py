@@ -23,6 +23,7 @@ EXPECTED = {
     "ddp_8gpu.yaml": (DistributedType.MULTI_GPU, 8, 1),
     "multinode_2x8.yaml": (DistributedType.MULTI_GPU, 16, 2),
     "fsdp2_8gpu.yaml": (DistributedType.FSDP, 8, 1),
+    "hsdp_2x8.yaml": (DistributedType.FSDP, 16, 2),
     "deepspeed_zero2_8gpu.yaml": (DistributedType.DEEPSPEED, 8, 1),
 }
 
@@ -65,7 +66,8 @@ def test_accelerate_launch_accepts_it_and_knows_every_option(name):
     # accelerate copies fsdp_config / deepspeed_config keys onto launch options without checking them:
     # a misspelt key would be silently ignored, so check each is an option `accelerate launch` has
     options = {action.dest for action in launch_command_parser()._actions}
-    unknown = [k for k in {**defaults.fsdp_config, **defaults.deepspeed_config} if k not in options]
+    copied = {**defaults.fsdp_config, **defaults.deepspeed_config, **defaults.parallelism_config}
+    unknown = [k for k in copied if k not in options]
     assert not unknown, f"{name}: options accelerate launch does not have: {unknown}"
 
 
@@ -88,6 +90,27 @@ def test_the_fsdp_config_gives_fsdp2(monkeypatch):
     assert plugin.fsdp_version == 2
     assert plugin.reshard_after_forward is True
     assert plugin.auto_wrap_policy is not None and plugin.activation_checkpointing is False
+
+
+def test_the_hsdp_config_shards_within_a_machine_and_replicates_across_machines(monkeypatch):
+    """FSDP2 with accelerate's parallelism config: a mesh of 2 replicas (machines) x 8 shards (GPUs)."""
+    from accelerate.parallelism_config import ParallelismConfig
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    args, _ = launch_args("hsdp_2x8.yaml")
+    assert args.use_parallelism_config
+    env = prepare_multi_gpu_env(args)  # the environment each launched process gets
+    assert (args.nproc_per_node, args.nnodes) == ("8", "2")  # 8 processes on each machine
+    for key, value in env.items():
+        if key.startswith(("FSDP_", "ACCELERATE_", "PARALLELISM_CONFIG_")):
+            monkeypatch.setenv(key, value)
+    assert env["ACCELERATE_USE_PARALLELISM_CONFIG"] == "true"  # the Accelerator then reads the sizes below
+    plugin = FullyShardedDataParallelPlugin()
+    assert plugin.fsdp_version == 2 and plugin.auto_wrap_policy is not None
+    mesh = ParallelismConfig()  # reads that environment, as the Accelerator does
+    assert (mesh.dp_replicate_size, mesh.dp_shard_size, mesh.tp_size, mesh.cp_size) == (2, 8, 1, 1)
+    assert mesh.dp_replicate_enabled and mesh.dp_shard_enabled and mesh.total_size == 16
+    assert mesh.fsdp_dim_names == ["dp_replicate", "dp_shard_cp"]  # what fully_shard gets: a 2-D (HSDP) mesh
 
 
 def test_the_deepspeed_config_is_zero2_and_leaves_clipping_to_the_recipe(monkeypatch):

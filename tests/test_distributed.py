@@ -1,6 +1,7 @@
 """Data parallelism: a 2-process run (torchrun, gloo on CPU; DDP, FSDP2 or DeepSpeed ZeRO-2 through
-accelerate) equals the single-process run on the same global batch: same rewards, losses and
-evaluations, same weights; a sharded run stopped and resumed equals one that ran through."""
+accelerate), and a 4-process hybrid-sharded one (HSDP: 2 replicas x 2 shards), equal the single-process
+run on the same global batch: same rewards, losses and evaluations, same weights; a sharded run stopped
+and resumed equals one that ran through."""
 
 from __future__ import annotations
 
@@ -106,7 +107,24 @@ def _close(a: float | str, b: float | str) -> bool:
 def test_two_processes_equal_one_process_on_the_same_global_batch(tmp_path, single, kind):
     ranks = _run(tmp_path, _dir_name(kind), _launcher(kind), ("log.progress='plain'",))
     assert f"data parallel: 2 processes, {kind}" in (ranks / "stdout.txt").read_text()
+    _assert_same_run(single, ranks)
 
+
+def test_hybrid_sharding_on_four_processes_equals_one_process(tmp_path, single):
+    """HSDP (recipes/accelerate/hsdp_2x8.yaml's FSDP2 + parallelism_config) at 2 replicas x 2 shards,
+    forced on CPU by tests/hsdp_cpu.py: one prompt per process, the same run as one process."""
+    launcher = _torchrun(str(ROOT / "tests" / "hsdp_cpu.py"))
+    launcher[launcher.index("--nproc_per_node=2")] = "--nproc_per_node=4"
+    ranks = _run(tmp_path, "hsdp", launcher, ("log.progress='plain'",))
+    assert (
+        "data parallel: 4 processes, HSDP (FSDP2, 2 replicas x 2 shards)"
+        in (ranks / "stdout.txt").read_text()
+    )
+    _assert_same_run(single, ranks)
+
+
+def _assert_same_run(single: Path, ranks: Path) -> None:
+    """The multi-process run in ``ranks`` equals the single-process run: metrics, weights, optimiser state."""
     one, two = read_metrics(single / "metrics.jsonl"), read_metrics(ranks / "metrics.jsonl")
     assert [r["kind"] for r in one] == [r["kind"] for r in two] == ["eval", "train", "train", "train", "eval"]
     for a, b in zip(one, two, strict=True):

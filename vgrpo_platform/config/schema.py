@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class Section(BaseModel):
@@ -91,11 +91,23 @@ class TrainSection(Section):
     lora_alpha: float = 16.0
     lora_targets: list[str] | None = None  # None = the adapter's defaults
     gradient_checkpointing: bool = False
+    # speed switches of the denoiser itself (vgrpo_platform/kernels.py), for rollouts and training alike:
+    # "blocks" = torch.compile on each repeated transformer block (diffusers' regional compilation)
+    compile: Literal["off", "blocks"] = "off"
+    # a diffusers attention backend ("native", "flash", ...) from the installed list; None = its default
+    attention_backend: str | None = None
     # a reward that raises or returns NaN/inf, a NaN loss, out of memory in a rollout (faults.py):
     # "stop" saves a checkpoint and exits with the error; "skip" drops the iteration and goes on
     on_fault: Literal["stop", "skip"] = "stop"
     max_consecutive_skips: int = Field(3, ge=1)  # "skip" still stops after this many faults in a row
     offload_rewards: bool = False  # reward models in host memory except while scoring: frees their GPU memory
+
+    @field_validator("attention_backend")
+    @classmethod
+    def _known_attention_backend(cls, name: str | None) -> str | None:
+        from vgrpo_platform.kernels import check_attention_backend  # diffusers' own list, as installed
+
+        return None if name is None else check_attention_backend(name)
 
 
 class ScoringSection(Section):

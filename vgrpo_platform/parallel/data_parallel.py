@@ -198,12 +198,18 @@ def _distributed_type(accelerator: Any) -> str:
 
 
 def describe(accelerator: Any) -> str:
-    """How the policy is made data-parallel, in a user's words: ``"DDP"``, ``"FSDP2"``, ..."""
+    """How the policy is made data-parallel, in a user's words: ``"DDP"``, ``"FSDP2"``, ``"HSDP (FSDP2,
+    2 replicas x 8 shards)"``, ..."""
     kind = _distributed_type(accelerator)
     if kind == "DEEPSPEED":
         return f"DeepSpeed ZeRO-{accelerator.state.deepspeed_plugin.zero_stage}"
     if kind == "FSDP":
-        return "FSDP2" if getattr(accelerator, "is_fsdp2", False) else "FSDP1"
+        if not getattr(accelerator, "is_fsdp2", False):
+            return "FSDP1"
+        mesh = getattr(accelerator, "parallelism_config", None)  # accelerate's parallelism_config (HSDP)
+        if mesh is not None and mesh.dp_replicate_enabled:
+            return f"HSDP (FSDP2, {mesh.dp_replicate_size} replicas x {mesh.dp_shard_size} shards)"
+        return "FSDP2"
     return "DDP" if kind.startswith("MULTI_") else kind
 
 

@@ -43,10 +43,12 @@ def _start(adapter_name: str, adapter_config: Any, train: Any, context: Any, thr
     try:
         from vgrpo_platform.finetune import make_trainable
         from vgrpo_platform.host.collect import default_registry
+        from vgrpo_platform.kernels import apply_to_denoiser
 
         torch.manual_seed(context.seed)
         adapter = default_registry().get("adapter", adapter_name).factory(adapter_config, context)
         trainable = make_trainable(adapter, train)
+        apply_to_denoiser(adapter.network.module, train, adapter_name)  # the same kernels as training's
         adapter.denoiser.eval()  # generation only; the same numbers (no dropout in these models)
     except Exception as exc:
         _WORKER["error"] = f"{type(exc).__name__}: {exc}"

@@ -219,6 +219,8 @@ class Trainer:
         self.t_start = time.perf_counter() - self.elapsed  # see _elapsed()
         if self.shard.world > 1:
             progress.message(f"data parallel: {self.shard.world} processes, {dp.describe(self.accelerator)}")
+        for line in self.session.speed:  # train.attention_backend / train.compile, when set
+            progress.message(line)
         self.tracking.start(
             run_name=recipe.run.name,
             config=recipe.model_dump(mode="json"),

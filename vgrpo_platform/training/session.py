@@ -18,6 +18,7 @@ from vgrpo_platform.config.recipe import ResolvedRecipe, ResolvedReward
 from vgrpo_platform.config.schema import Recipe
 from vgrpo_platform.errors import PluginError
 from vgrpo_platform.finetune import make_trainable
+from vgrpo_platform.kernels import apply_to_denoiser
 from vgrpo_platform.network import denoiser_call_of
 from vgrpo_platform.protocols import Adapter, BuildContext, Samples, SurrogateBase
 from vgrpo_platform.training.iteration import offload
@@ -48,6 +49,7 @@ class Session:
     eval_rewards: list[WeightedReward] = field(
         default_factory=list
     )  # [[eval.rewards]]: scored, never trained
+    speed: list[str] = field(default_factory=list)  # what train.compile / attention_backend did (kernels.py)
 
 
 class ScoredInWorker:
@@ -77,8 +79,9 @@ def build_session(
 
     ``rewards_here = False``: the rewards live in a worker process; the session holds stand-ins."""
     adapter = resolved.adapter.spec.factory(resolved.adapter.config, context)
-    denoiser_call_of(adapter)  # the core makes every call of the denoiser: a one-line error if it can't
+    call = denoiser_call_of(adapter)  # the core makes every call of the denoiser: one-line error if it can't
     trainable = make_trainable(adapter, resolved.recipe.train)
+    speed = apply_to_denoiser(call.module, resolved.recipe.train, resolved.adapter.spec.name)
     offload_rewards = resolved.recipe.train.offload_rewards
 
     def build_rewards(refs: Sequence[ResolvedReward]) -> list[WeightedReward]:
@@ -104,6 +107,7 @@ def build_session(
         eval_rewards = build_rewards(resolved.eval_rewards)
     return Session(
         adapter=adapter,
+        speed=speed,
         trainable=trainable,
         rewards=rewards,
         surrogate=surrogate,
