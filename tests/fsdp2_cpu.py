@@ -16,15 +16,20 @@ from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 _build = Accelerator.__init__
 
 
+def force_fsdp2(accelerator: Accelerator) -> None:
+    """FSDP2, one unit per transformer block, on a built accelerator of several CPU processes."""
+    # AcceleratorState copies PartialState's fields each time it is constructed: set both
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+    accelerator.state.distributed_type = DistributedType.FSDP
+    accelerator.state.fsdp_plugin = FullyShardedDataParallelPlugin(
+        fsdp_version=2, auto_wrap_policy="transformer_based_wrap", reshard_after_forward=True
+    )
+
+
 def _build_with_fsdp2(self: Accelerator, *args: object, **kwargs: object) -> None:
     _build(self, *args, **kwargs)
     if self.num_processes > 1:
-        # AcceleratorState copies PartialState's fields each time it is constructed: set both
-        PartialState._shared_state["distributed_type"] = DistributedType.FSDP
-        self.state.distributed_type = DistributedType.FSDP
-        self.state.fsdp_plugin = FullyShardedDataParallelPlugin(
-            fsdp_version=2, auto_wrap_policy="transformer_based_wrap", reshard_after_forward=True
-        )
+        force_fsdp2(self)
 
 
 if __name__ == "__main__":

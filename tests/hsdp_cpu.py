@@ -11,9 +11,9 @@ multi-node launch runs: ``fully_shard`` on the ``(dp_replicate, dp_shard)`` mesh
 
 from __future__ import annotations
 
-from accelerate import Accelerator, PartialState
+from accelerate import Accelerator
 from accelerate.parallelism_config import ParallelismConfig
-from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+from fsdp2_cpu import force_fsdp2
 
 _build = Accelerator.__init__
 REPLICAS = 2  # "machines"; the shards of each replica are the other factor of the world size
@@ -22,12 +22,7 @@ REPLICAS = 2  # "machines"; the shards of each replica are the other factor of t
 def _build_with_hsdp(self: Accelerator, *args: object, **kwargs: object) -> None:
     _build(self, *args, **kwargs)
     if self.num_processes > 1:
-        # AcceleratorState copies PartialState's fields each time it is constructed: set both
-        PartialState._shared_state["distributed_type"] = DistributedType.FSDP
-        self.state.distributed_type = DistributedType.FSDP
-        self.state.fsdp_plugin = FullyShardedDataParallelPlugin(
-            fsdp_version=2, auto_wrap_policy="transformer_based_wrap", reshard_after_forward=True
-        )
+        force_fsdp2(self)
         mesh = ParallelismConfig(dp_replicate_size=REPLICAS, dp_shard_size=self.num_processes // REPLICAS)
         self.state.parallelism_config = mesh
         self.state.device_mesh = mesh.get_device_mesh("cpu")
