@@ -233,6 +233,100 @@ def assert_full_export_reloads(adapter_class: type, config: Any, out: Path) -> N
     torch.testing.assert_close(reloaded.proj_out.weight, adapter.denoiser.proj_out.weight)
 
 
+# ------------------------------------------------------------------------------------ micro-batches
+
+MIXED_LENGTH_PROMPTS = ("a red cat", "a blue dog on a hill far away", "a red cat", "an owl")
+"""Prompts of three token counts, one repeated (rows of one group)."""
+
+
+def assert_micro_batch_equals_single_rows(
+    adapter_class: type, config: Any, prompts: Sequence[str], *, rtol: float = 1e-4, n_mc: int = 2
+) -> dict[str, float]:
+    """The V-GRPO loss and the LoRA gradients of one micro-batch of ``len(prompts)`` rows equal the mean
+    over micro-batches of one row each (``train.micro_batch_size`` k against 1), and so do the per-row
+    x-predictions, within ``rtol`` (float32).
+
+    The batch's conditioning is the one the loop sees: the prompts encoded in two separate calls, their
+    cached rows stacked (rows of separate encodings joined, as across rollout chunks). Each single row
+    instead gets its prompt encoded alone, uncached: a row of a padded, masked batch must give what its
+    prompt gives by itself. Rows of the same prompt form one group. A LoRA with non-zero ``B`` gives the
+    ``A`` matrices gradients too (all but those of the last block's text queries, which nothing reads).
+    Returns the largest differences found, for the record.
+    """
+    from vgrpo_platform.algo.surrogates.configs import VGRPOConfig
+    from vgrpo_platform.algo.surrogates.pairs import predict_x0_on_pairs
+    from vgrpo_platform.algo.surrogates.vgrpo import VGRPOSurrogate
+    from vgrpo_platform.protocols import RolloutBatch
+
+    adapter = adapter_from_config(adapter_class, config)
+    attach_trained_lora(adapter)
+    lora = {n: p for n, p in adapter.denoiser.named_parameters() if p.requires_grad}
+    rows = len(prompts)
+    tokenizer = getattr(adapter.pipe, "tokenizer", None) or adapter.pipe.processor  # 2.x: a processor
+    tokens = {len(tokenizer(text=[p])["input_ids"][0]) for p in prompts}
+    assert len(tokens) > 1, f"the prompts must differ in token count, got {tokens}"
+    adapter.encode_prompts(prompts[: rows // 2])  # two encodings, stacked below from the cache
+    adapter.encode_prompts(prompts[rows // 2 :])
+    cond = adapter.encode_prompts(prompts)
+    alone = [{k: v.to(adapter.device) for k, v in adapter._encode_on_device([p]).items()} for p in prompts]
+    for own in alone:  # a row's shape may not depend on its batch-mates, or rows could not be joined
+        assert {k: v.shape[1:] for k, v in own.items()} == {k: v.shape[1:] for k, v in cond.items()}
+    group_of = {p: g for g, p in enumerate(dict.fromkeys(prompts))}
+    generator = torch.Generator().manual_seed(0)
+    batch = RolloutBatch(
+        prompts=list(prompts),
+        group_ids=torch.tensor([group_of[p] for p in prompts]),
+        cond=cond,
+        latents=torch.randn(rows, *adapter.latent_shape(), generator=generator),
+        rewards=torch.zeros(rows),
+        advantages=torch.linspace(-1.0, 1.5, rows),
+    )
+    surrogate = VGRPOSurrogate(VGRPOConfig(n_mc=n_mc))
+    surrogate.plan_updates(1)  # the trainer's default: one optimiser step per batch
+    surrogate.prepare(batch, adapter, generator)
+
+    def singles() -> list[RolloutBatch]:
+        parts = [batch.select(torch.tensor([i])) for i in range(rows)]
+        for part, own in zip(parts, alone, strict=True):
+            part.cond = own
+        return parts
+
+    def loss_and_grads(parts: list[RolloutBatch]) -> tuple[float, float, dict[str, torch.Tensor]]:
+        for p in lora.values():
+            p.grad = None
+        loss_sum = surrogate_sum = 0.0
+        for part in parts:
+            loss, metrics = surrogate.loss(part, adapter)
+            (loss * len(part) / rows).backward()
+            loss_sum += loss.item() * len(part) / rows
+            surrogate_sum += metrics["surrogate"] * len(part) / rows
+        return loss_sum, surrogate_sum, {n: p.grad.clone() for n, p in lora.items()}
+
+    state = batch.state
+    with torch.no_grad():
+        x_batch = predict_x0_on_pairs(adapter, batch.latents, state.t, state.eps, cond)  # [B, K, *L]
+        x_rows = torch.cat(
+            [predict_x0_on_pairs(adapter, p.latents, p.state.t, p.state.eps, p.cond) for p in singles()]
+        )
+    torch.testing.assert_close(x_batch, x_rows, rtol=rtol, atol=rtol * x_batch.abs().max().item())
+    loss_k, surrogate_k, grads_k = loss_and_grads([batch])
+    loss_1, surrogate_1, grads_1 = loss_and_grads(singles())
+    assert loss_k == pytest.approx(loss_1, rel=rtol) and surrogate_k == pytest.approx(surrogate_1, rel=rtol)
+    scale = max(g.abs().max().item() for g in grads_k.values())
+    reached = [n for n, g in grads_k.items() if g.abs().sum() > 0]
+    assert scale > 0 and len(reached) > len(grads_k) / 2, f"{len(reached)} of {len(grads_k)} LoRA matrices"
+    for name, grad in grads_k.items():
+        label = partial("{}: {}".format, name)
+        torch.testing.assert_close(grads_1[name], grad, rtol=rtol, atol=rtol * scale, msg=label)
+    grad_diff = max((grads_1[n] - g).abs().max().item() for n, g in grads_k.items())
+    return {
+        "x0_max_abs": (x_batch - x_rows).abs().max().item(),
+        "surrogate_rel": abs(surrogate_k - surrogate_1) / abs(surrogate_k),
+        "grad_max_abs": grad_diff,
+        "grad_max_rel": grad_diff / scale,  # relative to the largest gradient entry
+    }
+
+
 # ------------------------------------------------------------------------------------------- runs
 
 

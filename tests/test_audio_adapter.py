@@ -92,6 +92,14 @@ def test_rollout_equals_the_diffusers_pipeline(model_dir, cfg_scale) -> None:
     torch.testing.assert_close(wave, reference.clamp(-1, 1), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("cfg", [{}, {"cfg_scale": 2.0, "cfg_in_training": True}], ids=["plain", "cfg"])
+def test_a_micro_batch_of_mixed_length_prompts_trains_as_its_rows_one_by_one(model_dir, cfg) -> None:
+    """``train.micro_batch_size`` k gives the loss and LoRA gradients of k micro-batches of one row."""
+    checks.assert_micro_batch_equals_single_rows(
+        ADAPTER, config(model_dir, **cfg), checks.MIXED_LENGTH_PROMPTS
+    )
+
+
 def test_decoded_audio_is_written_as_wav_that_reads_back(adapter, tmp_path) -> None:
     samples = adapter.decode(noise(2, seed=3))
     paths = write_samples(samples, tmp_path, ["a", "b"])

@@ -337,6 +337,10 @@ class TinyAdapter(CoreCalledAdapter):
             c = self.encoder(list(prompts))
         if self.defect == "cond_not_batch_first":
             return {"c": c.unsqueeze(0).expand(2, *c.shape)}  # [2, B, 8]
+        if self.defect == "cond_padded_to_batch":  # one column per prompt: a row's shape follows its batch
+            return {"c": torch.nn.functional.pad(c, (0, len(prompts)))}
+        if self.defect == "cond_mixes_batch":  # unmasked padding would do this: rows read their batch-mates
+            return {"c": c + c.mean(0, keepdim=True)}
         return {"c": c}
 
     def denoiser_inputs(self, z_t, t, cond):
@@ -402,6 +406,8 @@ def test_a_correct_adapter_passes_every_check():
     [
         ("encoder_trainable", "encode_prompts", "requires grad"),
         ("cond_not_batch_first", "encode_prompts", "1 prompt.*has batch 2"),
+        ("cond_padded_to_batch", "encode_prompts", "shape may not depend on its batch-mates"),
+        ("cond_mixes_batch", "predict_batch_independent", "encoded alone"),
         ("predict_flat", "predict", "predict returned"),
         ("dropout", "predict_deterministic", "max abs difference"),
         ("batch_mixing", "predict_batch_independent", "one sample at a time"),

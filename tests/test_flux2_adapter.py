@@ -241,6 +241,19 @@ def test_klein_guided_prediction_equals_the_pipelines_cfg_combination(klein) -> 
         klein.cfg_in_training = False
 
 
+@pytest.mark.parametrize("variant", ["dev", "klein", "klein_cfg"])
+def test_a_micro_batch_of_mixed_length_prompts_trains_as_its_rows_one_by_one(
+    dev_dir, klein_dir, variant
+) -> None:
+    """``train.micro_batch_size`` k gives the loss and LoRA gradients of k micro-batches of one row."""
+    if variant == "dev":
+        adapter_class, built = Flux2Adapter, dev_config(dev_dir)
+    else:
+        cfg = {"cfg_scale": 2.0, "cfg_in_training": True} if variant == "klein_cfg" else {}
+        adapter_class, built = Flux2KleinAdapter, klein_config(klein_dir, **cfg)
+    checks.assert_micro_batch_equals_single_rows(adapter_class, built, checks.MIXED_LENGTH_PROMPTS)
+
+
 def test_step_distilled_klein_refuses_cfg(tmp_path) -> None:
     folder = build_tiny_flux2_klein(tmp_path / "distilled", is_distilled=True)
     with pytest.raises(ValueError, match="step-distilled"):

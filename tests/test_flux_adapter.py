@@ -169,6 +169,11 @@ def test_predict_gradient_matches_finite_differences(model_dir) -> None:
     assert all(p.grad is None for enc in adapter.text_encoders for p in enc.parameters())
 
 
+def test_a_micro_batch_of_mixed_length_prompts_trains_as_its_rows_one_by_one(model_dir) -> None:
+    """``train.micro_batch_size`` k gives the loss and LoRA gradients of k micro-batches of one row."""
+    checks.assert_micro_batch_equals_single_rows(ADAPTER, config(model_dir), checks.MIXED_LENGTH_PROMPTS)
+
+
 def test_lora_export_loads_into_a_fresh_pipeline_with_the_same_predictions(model_dir, tmp_path) -> None:
     z, t = noise(2, seed=6), torch.tensor([0.4, 0.9])
     checks.assert_exported_lora_reloads(

@@ -107,6 +107,17 @@ def test_velocity_at_any_point_equals_the_transformer_as_the_pipeline_calls_it(a
     torch.testing.assert_close(guided[0], v_uncond + 6.0 * (v_cond - v_uncond), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "cfg",
+    [{}, pytest.param({"cfg_scale": 2.0, "cfg_in_training": True}, marks=pytest.mark.slow)],  # 7 s, 17 s
+    ids=["plain", "cfg"],
+)
+def test_a_micro_batch_of_mixed_length_prompts_trains_as_its_rows_one_by_one(model_dir, cfg) -> None:
+    """``train.micro_batch_size`` k gives the loss and LoRA gradients of k micro-batches of one row."""
+    glyph_and_not = [PROMPTS[0], PROMPTS[1], PROMPTS[0]]  # ByT5 masks of different lengths too
+    checks.assert_micro_batch_equals_single_rows(ADAPTER, config(model_dir, **cfg), glyph_and_not)
+
+
 def test_lora_export_loads_into_a_fresh_transformer_with_the_same_predictions(model_dir, tmp_path) -> None:
     adapter = HunyuanVideo15Adapter.from_config(config(model_dir, cfg_scale=1.0), BuildContext())
     checks.attach_trained_lora(adapter)

@@ -160,6 +160,14 @@ def test_velocity_equals_the_transformer_called_as_the_pipeline_calls_it(adapter
     ).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("cfg", [{}, {"cfg_scale": 2.0, "cfg_in_training": True}], ids=["plain", "cfg"])
+def test_a_micro_batch_of_mixed_length_prompts_trains_as_its_rows_one_by_one(model_dir, cfg) -> None:
+    """``train.micro_batch_size`` k gives the loss and LoRA gradients of k micro-batches of one row."""
+    checks.assert_micro_batch_equals_single_rows(
+        ADAPTER, config(model_dir, **cfg), checks.MIXED_LENGTH_PROMPTS
+    )
+
+
 def test_timestep_grid_is_the_pipelines_dynamic_shift(adapter, model_dir) -> None:
     scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(model_dir / "scheduler")
     cfg = scheduler.config

@@ -113,6 +113,14 @@ def test_a_mixed_length_batch_equals_each_prompt_alone(adapter) -> None:
     torch.testing.assert_close(both, torch.cat(alone), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("cfg", [{}, {"cfg_scale": 2.0, "cfg_in_training": True}], ids=["plain", "cfg"])
+def test_a_micro_batch_of_mixed_length_prompts_trains_as_its_rows_one_by_one(model_dir, cfg) -> None:
+    """``train.micro_batch_size`` k gives the loss and LoRA gradients of k micro-batches of one row."""
+    checks.assert_micro_batch_equals_single_rows(
+        ADAPTER, config(model_dir, **cfg), checks.MIXED_LENGTH_PROMPTS
+    )
+
+
 def test_packing_round_trips_and_matches_diffusers(adapter) -> None:
     z = noise(2)
     tokens = adapter.pack(z)

@@ -123,6 +123,14 @@ def test_resolution_is_checked_against_vae_patch_and_position_table(model_dir) -
     assert SD3Adapter(pipe, resolution=64).latent_shape() == (4, 32, 32)
 
 
+@pytest.mark.parametrize("cfg", [{}, {"cfg_scale": 2.0, "cfg_in_training": True}], ids=["plain", "cfg"])
+def test_a_micro_batch_of_mixed_length_prompts_trains_as_its_rows_one_by_one(model_dir, cfg) -> None:
+    """``train.micro_batch_size`` k gives the loss and LoRA gradients of k micro-batches of one row."""
+    checks.assert_micro_batch_equals_single_rows(
+        ADAPTER, config(model_dir, **cfg), checks.MIXED_LENGTH_PROMPTS
+    )
+
+
 def test_lora_export_loads_into_a_fresh_pipeline_with_the_same_predictions(model_dir, tmp_path) -> None:
     adapter = SD3Adapter.from_config(config(model_dir), BuildContext())
     checks.attach_trained_lora(adapter, rank=4, alpha=2, std=0.2)

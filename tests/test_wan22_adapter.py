@@ -169,6 +169,14 @@ def test_surrogate_rows_on_both_sides_of_the_boundary_hit_their_experts(adapter)
             assert (v[i : i + 1] - wrong).abs().max() > 1e-3  # the experts differ: routing is observable
 
 
+@pytest.mark.parametrize("cfg", [{}, {"cfg_scale": 2.0, "cfg_in_training": True}], ids=["plain", "cfg"])
+def test_a_micro_batch_of_mixed_length_prompts_trains_as_its_rows_one_by_one(model_dir, cfg) -> None:
+    """``train.micro_batch_size`` k gives the loss and LoRA gradients of k micro-batches of one row."""
+    checks.assert_micro_batch_equals_single_rows(
+        ADAPTER, config(model_dir, **cfg), checks.MIXED_LENGTH_PROMPTS
+    )
+
+
 @pytest.mark.parametrize("experts", [["high"], ["low"], None], ids=["high", "low", "both"])
 def test_lora_only_on_the_chosen_experts_and_only_they_get_gradients(model_dir, experts) -> None:
     built = WanAdapter.from_config(config(model_dir, train_experts=experts), BuildContext())

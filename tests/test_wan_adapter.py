@@ -103,6 +103,14 @@ def _with_sigmas(set_timesteps, sigmas):
     return lambda num_inference_steps, device=None, **kw: set_timesteps(sigmas=sigmas, device=device)
 
 
+@pytest.mark.parametrize("cfg", [{}, {"cfg_scale": 2.0, "cfg_in_training": True}], ids=["plain", "cfg"])
+def test_a_micro_batch_of_mixed_length_prompts_trains_as_its_rows_one_by_one(model_dir, cfg) -> None:
+    """``train.micro_batch_size`` k gives the loss and LoRA gradients of k micro-batches of one row."""
+    checks.assert_micro_batch_equals_single_rows(
+        ADAPTER, config(model_dir, **cfg), checks.MIXED_LENGTH_PROMPTS
+    )
+
+
 def test_decoded_clips_are_written_as_mp4_that_decord_reads_back(adapter, tmp_path) -> None:
     samples = adapter.decode(noise(2, seed=3))
     paths = write_samples(samples, tmp_path, ["a", "b"])

@@ -58,15 +58,19 @@ class LongCatAudioAdapter(TrueCFGMixin, DiffusersFlowAdapter):
         return (int(self.pipe.latent_dim), self.frames)
 
     def _encode(self, prompts: list[str]) -> Conditioning:
-        """``prompt_embeds`` ``[B, S, D]`` zero-padded to ``S = max_sequence_length`` and ``prompt_lengths``
-        ``[B]``. Fixed ``S`` makes each prompt's rows independent of its batch-mates (the network masks
-        positions past a prompt's length, but its text ConvNeXt's global norm sees the padded length)."""
+        """``prompt_embeds`` ``[B, S, D]`` zero past each prompt's length up to ``S = max_sequence_length``,
+        and ``prompt_lengths`` ``[B]``. Fixed ``S`` makes each prompt's rows independent of its batch-mates
+        (the network masks positions past a prompt's length, but its text ConvNeXt's global norm sees the
+        padded length); zeroing the encoder's states at the pad tokens of a longer batch-mate (masked, so
+        no prediction changes) makes a cached row the same whichever prompts it was encoded with."""
         from diffusers.pipelines.longcat_audio_dit.pipeline_longcat_audio_dit import _normalize_text
 
         embeds, lengths = self.pipe.encode_prompt([_normalize_text(p) for p in prompts], self.device)
         s = self.max_sequence_length
+        lengths = lengths.clamp(max=s).long()  # [B]
         embeds = F.pad(embeds[:, :s], (0, 0, 0, max(0, s - embeds.shape[1])))  # [B, S, D]
-        return {"prompt_embeds": embeds, "prompt_lengths": lengths.clamp(max=s).long()}
+        own = torch.arange(s, device=embeds.device)[None] < lengths.to(embeds.device)[:, None]  # [B, S]
+        return {"prompt_embeds": embeds * own[..., None], "prompt_lengths": lengths}
 
     def denoiser_inputs(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> dict[str, Any]:
         """LongCat's inputs: latents as ``[B, T, C]`` and reversed time ``1 - t``."""

@@ -204,8 +204,25 @@ def _encode(adapter: Any, prompts: Sequence[str], group: int, state: dict[str, A
     one = adapter.encode_prompts(list(prompts[:1]))
     for key, value in one.items():
         assert value.shape[0] == 1, f"encode_prompts of 1 prompt: [{key!r}] has batch {value.shape[0]}"
+    _rows_stand_alone(adapter, prompts, cond)
     state["prompts"], state["group"] = list(prompts), group
     state["cond"] = _repeat(cond, group)  # [B, ...]
+
+
+def _rows_stand_alone(adapter: Any, prompts: Sequence[str], cond: Mapping[str, Any]) -> None:
+    """Each prompt encoded alone has its batch row's shape: the core joins rows encoded apart (the prompt
+    cache, rollout chunks) and slices them into micro-batches, so a row padded to its batch-mates' longest
+    would not fit (pad to a fixed length and carry a mask instead)."""
+    import torch
+
+    for prompt in prompts:
+        with torch.no_grad():
+            alone = adapter.encode_prompts([prompt])
+        for key, value in alone.items():
+            assert value.shape[1:] == cond[key].shape[1:], (
+                f"encode_prompts([{prompt!r}])[{key!r}] has shape {tuple(value.shape)}, its row in a batch "
+                f"{tuple(cond[key].shape[1:])}: a row's shape may not depend on its batch-mates"
+            )
 
 
 def _repeat(cond: Mapping[str, Any], group: int) -> dict[str, Any]:
@@ -239,26 +256,20 @@ def _predict_deterministic(adapter: Any, state: dict[str, Any], atol: float) -> 
 
 
 def _predict_batch(adapter: Any, state: dict[str, Any], atol: float) -> None:
-    """Micro-batching must not change results: row i of a batch equals predicting row i alone."""
+    """Micro-batching must not change results: row i of a batch equals predicting row i alone, with its
+    slice of the batch's conditioning and with its prompt encoded alone (padding must be masked)."""
     import torch
 
     b = state["z_t"].shape[0]
+    first_and_last = {0: state["prompts"][0], b - 1: state["prompts"][-1]}  # rows of the first/last prompt
     with torch.no_grad():
         full = adapter.predict(state["z_t"], state["t"], state["cond"])
-        rows = [
-            adapter.predict(
-                state["z_t"][i : i + 1],
-                state["t"][i : i + 1],
-                {k: v[i : i + 1] for k, v in state["cond"].items()},
-            )
-            for i in (0, b - 1)
-        ]
-    _close(
-        torch.cat([full[:1], full[-1:]]),
-        torch.cat(rows),
-        atol * 10,
-        "predict of a batch vs. one sample at a time",
-    )
+        for i, prompt in first_and_last.items():
+            row, t = state["z_t"][i : i + 1], state["t"][i : i + 1]
+            sliced = adapter.predict(row, t, {k: v[i : i + 1] for k, v in state["cond"].items()})
+            _close(full[i : i + 1], sliced, atol * 10, "predict of a batch vs. one sample at a time")
+            alone = adapter.predict(row, t, adapter.encode_prompts([prompt]))
+            _close(full[i : i + 1], alone, atol * 10, f"predict of a batch vs. {prompt!r} encoded alone")
 
 
 def _denoiser_call(adapter: Any, state: dict[str, Any], sampler: Any) -> None:
