@@ -31,6 +31,7 @@ from typing import Any
 
 from benchmarks import render
 from benchmarks import throughput as harness
+from benchmarks.matrix import git_commit
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDS = ROOT / "benchmarks" / "results" / "gpu"
@@ -111,17 +112,11 @@ def _environment() -> dict[str, Any]:
     import diffusers
     import torch
 
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = ""
     return {
         "torch": torch.__version__,
         "diffusers": diffusers.__version__,
         "cuda": torch.version.cuda,
-        "commit": commit,
+        "commit": git_commit(ROOT),  # the matrices' own stamp: the hash, "-dirty" when tracked files differ
         "date": datetime.now(UTC).strftime("%Y-%m-%d"),
     }
 
