@@ -2,12 +2,12 @@
 
 ``tests/data/in_process_metrics.json`` holds the metrics (timings left out) of two short runs made with
 the code just before ``[rollout] backend`` was introduced (commit 96d7f19): the toy recipe and four
-iterations of the quickstart (diagnostics, checkpoints and evaluations included). The default backend,
-``in_process``, must reproduce them to the bit on the machine that recorded them; another CPU's float
-kernels follow another trajectory, so elsewhere the test compares the first iteration within a tolerance.
+iterations of the quickstart (diagnostics, checkpoints and evaluations included). The code must reproduce
+them to the bit on the machine that recorded them (tests/test_behaviour_record.py); another CPU's float
+kernels follow another trajectory, so elsewhere that test compares the first iteration within a tolerance.
 
-``python tests/in_process_records.py RUN_ROOT`` writes the record from runs made under ``RUN_ROOT`` by
-``run_all`` (used once, on the old code).
+``python tests/in_process_records.py RUN_ROOT`` writes the record from runs that ``run`` made under
+``RUN_ROOT`` (used once, on the old code).
 """
 
 from __future__ import annotations

@@ -91,7 +91,8 @@ class _Scores:
     terms: dict[str, torch.Tensor]  # per reward, the whole batch
     details: dict[str, torch.Tensor]
     total_reward: torch.Tensor
-    advantages: tuple[torch.Tensor, torch.Tensor]  # (advantages, group id of each row), the whole batch
+    advantages: torch.Tensor  # [N], the whole batch
+    group_ids: torch.Tensor  # [N], each row's prompt group in the whole batch
 
 
 class Trainer:
@@ -354,7 +355,11 @@ class Trainer:
         clock.lap("train")
         self.diagnostics_seconds += clock.set_aside
         record: dict[str, Any] = {"kind": "train", "iteration": iteration, "epoch": self.loop.prompts.epoch}
-        record.update(reward_metrics(scores.total_reward, scores.terms, scores.details, *scores.advantages))
+        record.update(
+            reward_metrics(
+                scores.total_reward, scores.terms, scores.details, scores.advantages, scores.group_ids
+            )
+        )
         record.update(update)
         record.update(diagnostics)
         record.update(rollout.info)
@@ -442,7 +447,7 @@ class Trainer:
             aggregation=g.reward_aggregation,
             soft_clip_eta=g.soft_clip_eta,
         )
-        return _Scores(terms, details, total_reward, (advantages, group_ids))
+        return _Scores(terms, details, total_reward, advantages, group_ids)
 
     def _prefetch_next(self, draw: _Draw, iteration: int) -> None:
         """``rollout.overlap``: the next iteration's prompts and noise, handed to the backend now."""
@@ -456,7 +461,7 @@ class Trainer:
 
     def _batch(self, draw: _Draw, rollout: _Rollout, scores: _Scores) -> RolloutBatch:
         """This rank's rows of the iteration, on the training device."""
-        mine, (advantages, group_ids) = draw.rows, scores.advantages
+        mine = draw.rows
         return RolloutBatch(
             prompts=draw.flat_prompts,
             group_ids=(rollout.plan.group_ids + draw.block.start).to(self.device),  # ids in the global batch
@@ -464,9 +469,9 @@ class Trainer:
             latents=rollout.latents,
             rewards=scores.total_reward[mine].to(self.device),
             reward_terms={k: v[mine].to(self.device) for k, v in scores.terms.items()},
-            advantages=advantages[mine].to(self.device),
+            advantages=scores.advantages[mine].to(self.device),
             extras=rollout.state if isinstance(rollout.state, dict) else {},  # deprecated dict rollouts
-            rows=dp.RowsOf(group_ids.to(self.device), mine.start) if self.shard.world > 1 else None,
+            rows=dp.RowsOf(scores.group_ids.to(self.device), mine.start) if self.shard.world > 1 else None,
             state=rollout.state if isinstance(rollout.state, BatchState) else None,
         )
 
