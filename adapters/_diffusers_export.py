@@ -20,10 +20,12 @@ EXPORT_INFO = "vgrpo_export.json"
 
 
 def lora_layers(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The LoRA weights peft injected into ``module``, detached, on the CPU and contiguous (safetensors)."""
+    """The LoRA weights peft injected into ``module``, detached, copied to the CPU and contiguous
+    (safetensors). A copy even on the CPU: FSDP2's gathered weights live in storage it frees again."""
     from peft.utils import get_peft_model_state_dict
 
-    return {k: v.detach().to("cpu").contiguous() for k, v in get_peft_model_state_dict(module).items()}
+    state = get_peft_model_state_dict(module)
+    return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
 
 
 def lora_metadata(module: torch.nn.Module) -> dict[str, Any] | None:

@@ -155,6 +155,9 @@ def test_sharding_divides_what_it_shards():
     assert offloaded.rewards == 0 and resident.rewards == 10**9 and offloaded.peak <= resident.peak
     checkpointed = mem.Setup(tokens=100, checkpointing=True)
     assert mem.activation_bytes(shape, checkpointed) < mem.activation_bytes(shape, mem.Setup(tokens=100))
+    # [parallel] context = 4: a process holds a quarter of each sample's tokens, and their activations
+    whole, split = mem.Setup(tokens=100), mem.Setup(tokens=100, context=4)
+    assert mem.activation_bytes(shape, split) * 4 == mem.activation_bytes(shape, whole)
 
 
 def test_sizes_read_as_gib():

@@ -11,6 +11,7 @@ Why arithmetic rather than a trial run: a trial needs the GPU the plan is meant 
 - activations of one micro-batch: ``micro_batch x tokens x hidden x bytes x (layers x A)`` without
   gradient checkpointing, ``... x (layers + A)`` with it (each block keeps its input; one block is
   recomputed at a time); ``A = ACTIVATION_FACTOR`` values saved per token and hidden unit in a block;
+  context parallelism (``[parallel] context = C``) leaves each process ``tokens / C`` of them;
 - sharding over N processes: ZeRO-2 divides gradients and optimizer state by N, FSDP2 also the weights
   (plus one block gathered at a time); DDP divides nothing;
 - reward models: on the GPU all along, or (``train.offload_rewards``) only while scoring, when the
@@ -69,6 +70,7 @@ class Setup:
     reward_bytes: int = 0
     offload_rewards: bool = False
     measured_activations: int | None = None  # saved-tensor bytes of a model small enough to run
+    context: int = 1  # [parallel] context: processes that share a sample's tokens (its activations too)
 
 
 @dataclass(frozen=True)
@@ -131,8 +133,9 @@ def _hidden(denoiser: torch.nn.Module) -> int:
 def activation_bytes(shape: DenoiserShape, setup: Setup) -> int:
     """The formula of the module docstring for one micro-batch (the measurement, where one was made)."""
     if setup.measured_activations is not None:
-        return setup.measured_activations
-    per_layer = setup.micro_batch * setup.tokens * shape.hidden * setup.compute_bytes
+        return -(-setup.measured_activations // setup.context)
+    tokens = -(-setup.tokens // setup.context)  # a process of a context group holds its share of the tokens
+    per_layer = setup.micro_batch * tokens * shape.hidden * setup.compute_bytes
     kept = shape.layers + ACTIVATION_FACTOR if setup.checkpointing else shape.layers * ACTIVATION_FACTOR
     return per_layer * kept
 

@@ -180,6 +180,7 @@ def setup_from(
         reward_bytes=int(reward_gb * GIB),
         offload_rewards=train.offload_rewards,
         measured_activations=measured,
+        context=resolved.recipe.parallel.context,
     )
 
 

@@ -344,6 +344,21 @@ def _check_scoring(recipe: Recipe, prefix: str) -> None:
         )
 
 
+def _check_parallel(recipe: Recipe, prefix: str) -> None:
+    """Context parallelism makes every forward a collective of a group of processes: rollouts must come
+    from those processes' own denoiser, in step with training."""
+    if recipe.parallel.context == 1:
+        return
+    rollout = recipe.rollout
+    if rollout.backend != "in_process" or rollout.overlap:
+        raise RecipeError(
+            f"{prefix}parallel.context = {recipe.parallel.context} splits each forward over a group of "
+            f"training processes; rollout.backend = '{rollout.backend}'"
+            f"{' with overlap' if rollout.overlap else ''} generates outside them: use rollout.backend = "
+            "'in_process' without overlap, or parallel.context = 1"
+        )
+
+
 def _resolve_backend(
     registry: ComponentRegistry, recipe: Recipe, surrogate: ResolvedComponent, source: str | None
 ) -> ResolvedComponent | None:
@@ -429,6 +444,7 @@ def validate_components(
                 )
     _check_monitor(recipe, [r.key for r in rewards], [r.key for r in eval_rewards], prefix)
     _check_scoring(recipe, prefix)
+    _check_parallel(recipe, prefix)
     backend = _resolve_backend(registry, recipe, surrogate, source)
 
     try:

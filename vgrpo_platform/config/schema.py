@@ -124,6 +124,17 @@ class ScoringSection(Section):
     worker_threads: int | None = Field(None, ge=1)  # torch threads in the worker; None = torch's default
 
 
+class ParallelSection(Section):
+    """How processes share work beyond data parallelism (``vgrpo_platform/parallel/context_parallel.py``)."""
+
+    # processes that share each sample's tokens (diffusers' context parallelism; video): the launch's
+    # processes form groups of this many, each group one data-parallel rank; 1 = off
+    context: int = Field(1, ge=1)
+    # how a group splits attention: "ulysses" (heads exchanged all-to-all; heads % context == 0) or
+    # "ring" (key/value blocks passed round; needs an attention backend that returns the log-sum-exp)
+    context_split: Literal["ulysses", "ring"] = "ulysses"
+
+
 # The metric names an evaluation adds for [eval.monitor] to watch (written by training/observe/evaluation.py):
 DIVERSITY = "monitor/diversity"  # each prompt's sample diversity, averaged over the prompts
 EVAL_ONLY_TOTAL = "monitor/reward"  # the weighted sum of the [[eval.rewards]]
@@ -176,4 +187,5 @@ class Recipe(Section):
     train: TrainSection = Field(default_factory=TrainSection)
     eval: EvalSection = Field(default_factory=EvalSection)
     scoring: ScoringSection = Field(default_factory=ScoringSection)
+    parallel: ParallelSection = Field(default_factory=ParallelSection)
     log: LogSection = Field(default_factory=LogSection)

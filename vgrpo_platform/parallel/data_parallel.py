@@ -37,10 +37,12 @@ class RoutableCall(Protocol):
 
 @dataclass(frozen=True)
 class Shard:
-    """Rank ``rank`` of ``world`` processes."""
+    """Data-parallel rank ``rank`` of ``world``. Under context parallelism (``context`` processes per
+    sample, ``context_parallel.py``) a rank is a group of processes that hold the same rows."""
 
     rank: int = 0
     world: int = 1
+    context: int = 1
 
     def block(self, n: int) -> slice:
         """This rank's contiguous share of ``n`` items (shares differ by at most one)."""
@@ -71,15 +73,25 @@ class RowsOf:
         return tensor[self.start : self.start + n_local]
 
 
-def shard_of(accelerator: Any) -> Shard:
-    return Shard(int(accelerator.process_index), int(accelerator.num_processes))
+def shard_of(accelerator: Any, context: int = 1) -> Shard:
+    """This process's data-parallel rank; ``context`` processes in a row share one (context parallelism)."""
+    from vgrpo_platform.parallel.context_parallel import check_layout
+
+    processes, index = int(accelerator.num_processes), int(accelerator.process_index)
+    check_layout(processes, context)
+    return Shard(index // context, processes // context, context)
 
 
-def gather_rows(accelerator: Any, tensor: torch.Tensor) -> torch.Tensor:
-    """Concatenate every rank's equal-length ``[n, ...]`` tensor in rank order: ``[world * n, ...]``."""
+def gather_rows(accelerator: Any, tensor: torch.Tensor, context: int = 1) -> torch.Tensor:
+    """Concatenate every data-parallel rank's equal-length ``[n, ...]`` tensor in rank order:
+    ``[world * n, ...]`` (one copy per context group: its processes hold the same rows)."""
     if accelerator.num_processes == 1:
         return tensor
-    return accelerator.gather(tensor.to(accelerator.device)).cpu()
+    gathered = accelerator.gather(tensor.to(accelerator.device)).cpu()
+    if context == 1:
+        return gathered
+    per_process = gathered.reshape(accelerator.num_processes, *tensor.shape)
+    return per_process[::context].reshape(-1, *tensor.shape[1:])
 
 
 def any_rank(accelerator: Any, flag: bool) -> bool:
@@ -118,13 +130,17 @@ def shut_down(accelerator: Any) -> None:
         dist.destroy_process_group()
 
 
-def gather_objects(accelerator: Any, items: list) -> list:
-    """Concatenate every rank's Python list in rank order (lengths may differ)."""
+def gather_objects(accelerator: Any, items: list, context: int = 1) -> list:
+    """Concatenate every data-parallel rank's Python list in rank order (lengths may differ; one copy
+    per context group)."""
     if accelerator.num_processes == 1:
         return items
     from accelerate.utils import gather_object
 
-    return gather_object(items)
+    if context == 1:
+        return gather_object(items)
+    per_process = gather_object([items])
+    return [item for part in per_process[::context] for item in part]
 
 
 def reduce_metrics(accelerator: Any, metrics: dict[str, float]) -> dict[str, float]:

@@ -186,21 +186,27 @@ def load_optimizer(
 
 @contextmanager
 def unsharded(module: torch.nn.Module) -> Iterator[None]:
-    """Inside, ``module``'s parameters are whole on every rank (FSDP2 ``unshard`` of each unit).
+    """Inside, ``module``'s parameters are whole tensors on every rank; the sharded ones come back after.
 
-    For code that reads the module directly, such as an adapter's ``export_trained``. Every rank
-    must enter; with no FSDP unit inside ``module`` it does nothing.
+    For code that reads the module directly, such as an adapter's ``export_trained`` (peft's
+    ``get_peft_model_state_dict``, ``save_pretrained``). FSDP2's own ``unshard`` is not enough: outside
+    a forward the module keeps its ``DTensor`` slices registered. So each ``DTensor`` parameter is
+    all-gathered and registered in its place, in module order (every rank must enter: collectives). No
+    forward may run inside. With no sharded parameter it does nothing.
     """
-    from torch.distributed.fsdp import FSDPModule
-
-    units = [m for m in module.modules() if isinstance(m, FSDPModule)]
-    for unit in units:
-        unit.unshard()
+    swapped: list[tuple[torch.nn.Module, str, torch.nn.Parameter]] = []
+    for sub in module.modules():
+        for name, param in list(sub._parameters.items()):
+            if param is None or not _is_sharded(param.data):
+                continue
+            whole = torch.nn.Parameter(full(param), requires_grad=param.requires_grad)
+            swapped.append((sub, name, param))  # a DTensor registered as a Parameter
+            sub._parameters[name] = whole
     try:
         yield
     finally:
-        for unit in reversed(units):
-            unit.reshard()
+        for sub, name, param in reversed(swapped):
+            sub._parameters[name] = param
 
 
 @contextmanager

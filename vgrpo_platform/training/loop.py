@@ -40,10 +40,11 @@ import torch
 
 from vgrpo_platform.algo.grpo import compute_advantages
 from vgrpo_platform.config.recipe import ResolvedRecipe, save_resolved
+from vgrpo_platform.config.schema import Recipe
 from vgrpo_platform.errors import RecipeError, RewardError, VgrpoError
 from vgrpo_platform.network import denoiser_call_of
+from vgrpo_platform.parallel import context_parallel, sharded_state
 from vgrpo_platform.parallel import data_parallel as dp
-from vgrpo_platform.parallel import sharded_state
 from vgrpo_platform.protocols import BatchState, BuildContext, RolloutBatch, SamplerSpec
 from vgrpo_platform.rollout_backends.in_process import InProcessBackend
 from vgrpo_platform.training.iteration.clock import StageClock
@@ -111,7 +112,7 @@ class Trainer:
         self.device = self.accelerator.device
         # train.offload_rewards: reward models visit the device only while they score
         self.reward_device = self.device if t.offload_rewards else None
-        self.shard = dp.shard_of(self.accelerator)
+        self.shard = dp.shard_of(self.accelerator, recipe.parallel.context)  # a context group is one rank
         self.shard.prompt_block(recipe.rollout.prompts_per_iteration)  # fail early on an uneven split
         # before any model is built (a contradicting DeepSpeed config stops here)
         dp.configure_launch(self.accelerator, grad_clip=t.grad_clip, micro_batch_size=t.micro_batch_size)
@@ -125,6 +126,8 @@ class Trainer:
             self.session: Session = build_session(
                 resolved, context, rewards_here=recipe.scoring.isolation == "inline"
             )
+        if recipe.parallel.context > 1:  # a collective of every process: outside main_process_first
+            self.session.speed.append(self._split_context(recipe))
         self.notices: list[str] = []  # reward-worker restarts, reported by run() after the iteration
         self.scorer = build_scorer(
             recipe.scoring,
@@ -155,6 +158,19 @@ class Trainer:
         self.diagnostics_seconds = 0.0  # spent on log.diagnostics_every in this process, not in wall_seconds
         self.resumed = resume
         self._restore_or_start(resume)
+
+    def _split_context(self, recipe: Recipe) -> str:
+        """``[parallel] context``: each sample's tokens shared by a group of processes (before the
+        data-parallel wrapper, which then averages the groups' gradients)."""
+        if dp.describe(self.accelerator).startswith("DeepSpeed"):
+            raise RecipeError(
+                "parallel.context > 1 is not supported under DeepSpeed; launch with a DDP or FSDP2 config "
+                "(recipes/accelerate/) or set parallel.context = 1"
+            )
+        denoiser = denoiser_call_of(self.session.adapter).module
+        return context_parallel.enable(
+            denoiser, recipe.parallel.context, recipe.parallel.context_split, recipe.adapter.name
+        )
 
     def _restore_or_start(self, resume: bool) -> None:
         """Where the run starts (a checkpoint under ``--resume``), and its metrics file and monitor
@@ -218,8 +234,9 @@ class Trainer:
         )
         stop = StopFlag()
         self.t_start = time.perf_counter() - self.elapsed  # see _elapsed()
-        if self.shard.world > 1:
-            progress.message(f"data parallel: {self.shard.world} processes, {dp.describe(self.accelerator)}")
+        if self.accelerator.num_processes > 1:
+            processes = self.accelerator.num_processes
+            progress.message(f"data parallel: {processes} processes, {dp.describe(self.accelerator)}")
         for line in self.session.speed:  # train.attention_backend / train.compile, when set
             progress.message(line)
         self.tracking.start(
@@ -434,8 +451,9 @@ class Trainer:
         """The whole batch's scores on every rank (advantages and metrics see full groups), and the
         group-relative advantages of ``[grpo]``."""
         local_terms, local_details = scored
-        terms = {k: dp.gather_rows(self.accelerator, v) for k, v in sorted(local_terms.items())}
-        details = {k: dp.gather_rows(self.accelerator, v) for k, v in sorted(local_details.items())}
+        context = self.shard.context
+        terms = {k: dp.gather_rows(self.accelerator, v, context) for k, v in sorted(local_terms.items())}
+        details = {k: dp.gather_rows(self.accelerator, v, context) for k, v in sorted(local_details.items())}
         group_ids = torch.arange(len(draw.prompts)).repeat_interleave(self.recipe.rollout.group_size)  # [N]
         g = self.recipe.grpo
         advantages, total_reward = compute_advantages(

@@ -16,6 +16,7 @@ import torch
 
 from vgrpo_platform import finetune
 from vgrpo_platform.network import denoiser_call_of
+from vgrpo_platform.parallel import context_parallel
 from vgrpo_platform.parallel import data_parallel as dp
 from vgrpo_platform.protocols import RolloutBatch
 from vgrpo_platform.training.iteration.ema import WeightAverage
@@ -47,6 +48,8 @@ class PolicyUpdate:
         optimizer = build_optimizer(session.trainable.values(), train)
         call = denoiser_call_of(session.adapter)  # the core's one call of the denoiser, where DDP goes
         self.routed, self.optimizer = dp.prepare_for_data_parallel(accelerator, call, optimizer)
+        # context parallelism: a process's backward reaches only its tokens' share of each gradient
+        self.gradient_scale = context_parallel.gradient_scale(denoiser)
         # FSDP2 swapped the parameters for sharded ones under the same names
         session.trainable = finetune.trainable_named_parameters(denoiser)
         self.params = list(session.trainable.values())
@@ -82,7 +85,7 @@ class PolicyUpdate:
                     if not torch.isfinite(loss):
                         bad = non_finite_loss(loss.item(), iteration, part.prompts[0])
                     agree_on_fault(self.accelerator, bad)
-                    self.accelerator.backward(loss * (len(micro) / len(minibatch)))
+                    self.accelerator.backward(loss * (self.gradient_scale * len(micro) / len(minibatch)))
                 # a DeepSpeed engine keeps reduced gradients between micro-batches where zero_grad can't reach
                 self.half_step = isinstance(self.routed, dp.RoutedEngine) and m < len(micros) - 1
                 accumulate(sums, extremes, {"loss": loss.item(), **metrics}, len(micro) / n)

@@ -24,6 +24,7 @@ import torch
 
 from vgrpo_platform.config.schema import DIVERSITY, EVAL_ONLY_TOTAL
 from vgrpo_platform.errors import RewardError
+from vgrpo_platform.parallel.context_parallel import degree_of
 from vgrpo_platform.parallel.data_parallel import gather_objects, lockstep_rows, shard_of
 from vgrpo_platform.parallel.sharded_state import gathered_while_generating
 from vgrpo_platform.protocols import SamplerSpec, Samples
@@ -165,7 +166,8 @@ def evaluate(
     ``reward_workers.Scorer``: the training's ``[scoring]``, or an ``InlineScorer`` of the session's
     rewards) scores the training and evaluation-only rewards.
     """
-    shard = shard_of(accelerator)
+    context = degree_of(session.adapter.denoiser)  # context parallelism: a group of processes is one rank
+    shard = shard_of(accelerator, context)
     prompts, per_prompt = list(protocol.prompts), protocol.samples_per_prompt
     block = shard.block(len(prompts))  # each rank evaluates its share of the prompts
     mine = prompts[block]
@@ -204,7 +206,7 @@ def evaluate(
                     local["diversity"] = diversity(samples.data, per_prompt).tolist()
                 if keep_samples:
                     images = [samples.data.cpu()]
-    gathered = gather_objects(accelerator, [local])  # rank order = prompt order
+    gathered = gather_objects(accelerator, [local], context)  # rank order = prompt order
     if failure is not None:
         raise failure
     errors = [part["error"] for part in gathered if part.get("error") is not None]
@@ -218,7 +220,7 @@ def evaluate(
     div = torch.tensor([x for part in gathered for x in part["diversity"]]) if per_prompt >= 2 else None
     kept = None
     if keep_samples:
-        images = gather_objects(accelerator, images)
+        images = gather_objects(accelerator, images, context)
         if images and samples is not None:
             kept = replace(samples, data=torch.cat(images))
     return Evaluation(protocol, terms, details, total, eval_only, div, kept)
