@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from benchmarks import gpu_check
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,7 +76,8 @@ def test_the_plan_covers_the_issue_and_fits_the_lease():
     assert len(names) == len(gpu_check.PLAN)
 
 
-def test_the_docs_table_is_the_committed_records_rendered():
-    doc = (ROOT / "docs" / "benchmarks.md").read_text()
-    block = doc.split(gpu_check.DOC_BEGIN + "\n", 1)[1].split(gpu_check.DOC_END, 1)[0]
+@pytest.mark.parametrize("doc", gpu_check.DOCS)
+def test_the_docs_table_is_the_committed_records_rendered(doc):
+    text = (ROOT / doc).read_text()
+    block = text.split(gpu_check.DOC_BEGIN + "\n", 1)[1].split(gpu_check.DOC_END, 1)[0]
     assert block == gpu_check.markdown(gpu_check.load_records(gpu_check.RECORDS))
