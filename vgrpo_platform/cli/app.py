@@ -9,6 +9,7 @@ loading) to get the traceback instead. Ctrl-C exits with code 130. ``vgrpo plugi
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import os
 import sys
 import types
@@ -39,6 +40,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",  # "rich" reads [eval] or [[rewards]] in a help text as markup: gone
 )
 
 _PM: list[pluggy.PluginManager] = []  # built on first use, once per process
@@ -91,6 +93,25 @@ def user_errors(debug: bool = False) -> Iterator[None]:
         ) from None
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        try:
+            version = importlib.metadata.version("vgrpo")
+        except importlib.metadata.PackageNotFoundError:  # a source tree that was never installed
+            version = "unknown (not installed)"
+        typer.echo(f"vgrpo {version}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print vgrpo's version and exit."
+    ),
+) -> None:
+    """The options before any command."""
+
+
 # --------------------------------------------------------------------------- commands
 
 RecipeArg = typer.Argument(..., help="The recipe file (.toml).", show_default=False)
@@ -103,18 +124,37 @@ def run(
     recipe: Path = RecipeArg,
     overrides: list[str] | None = SetOpt,
     resume: bool = typer.Option(False, "--resume", help="Continue from the run directory's last checkpoint."),
+    force: bool = typer.Option(
+        False, "--force", help="With --resume: accept changed settings that break an exact resume."
+    ),
+    gpus: int = typer.Option(
+        1, "--gpus", min=1, help="Start N processes through accelerate with the shipped config that fits."
+    ),
+    accelerate_config: Path | None = typer.Option(
+        None, "--accelerate-config", help="Launch with this accelerate config instead.", show_default=False
+    ),
     debug: bool = DebugOpt,
 ) -> None:
     """Train: validate RECIPE, then run the V-GRPO loop.
 
     Each iteration rolls out, scores, updates, logs and checkpoints. The run directory
     (run.output_dir/run.name) receives metrics.jsonl, checkpoints, sample grids and the resolved
-    recipe.
+    recipe. With --gpus N (N > 1) it starts `accelerate launch` itself (docs/cli.md).
     """
+    code = 0
     with user_errors(debug):
         resolved = _resolve(recipe, overrides)
-        train = importlib.import_module("vgrpo_platform.training.loop")  # heavy: torch, models
-        train.run(resolved, resume=resume)
+        changes = importlib.import_module("vgrpo_platform.training.recovery.recipe_changes")
+        changes.before_run(resolved, resume=resume, force=force)
+        if gpus > 1 or accelerate_config is not None:
+            launch = importlib.import_module("vgrpo_platform.cli.launch")  # heavy: torch, the estimate
+            flags = {"--resume": resume, "--force": force, "--debug": debug}
+            code = launch.launch_run(resolved, recipe, gpus, accelerate_config, ACCELERATE_DIR, flags)
+        else:
+            train = importlib.import_module("vgrpo_platform.training.loop")  # heavy: torch, models
+            train.run(resolved, resume=resume)
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command()
@@ -425,6 +465,7 @@ def serve_reward(
 new_app = typer.Typer(
     help="Start a plugin package from the template the tutorials walk through (docs/writing-a-*.md).",
     no_args_is_help=True,
+    rich_markup_mode="markdown",
 )
 app.add_typer(new_app, name="new")
 NameArg = typer.Argument(..., help="Component name in recipes: lower-case, digits, '_'.", show_default=False)

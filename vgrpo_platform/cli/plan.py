@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import json
+from dataclasses import replace
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
@@ -142,13 +143,16 @@ def tokens_per_sample(resolved: ResolvedRecipe) -> int:
 
 
 # -------------------------------------------------------------------------------------- accelerate
-def accelerate_configs(folder: Path) -> list[tuple[str, str, int]]:
-    """``(file name, sharding, processes)`` of each shipped config (``recipes/accelerate/*.yaml``)."""
+def accelerate_configs(folder: Path, *, one_machine: bool = False) -> list[tuple[str, str, int]]:
+    """``(file name, sharding, processes)`` of each shipped config (``recipes/accelerate/*.yaml``);
+    ``one_machine``: only those that start every process on this machine."""
     import yaml
 
     out = []
     for path in sorted(folder.glob("*.yaml")):
         config = yaml.safe_load(path.read_text()) or {}
+        if one_machine and int(config.get("num_machines", 1)) > 1:
+            continue
         kind = str(config.get("distributed_type", "NO"))
         sharding = {"DEEPSPEED": "zero2", "FSDP": "fsdp2"}.get(kind, "none")
         if kind == "DEEPSPEED" and (config.get("deepspeed_config") or {}).get("zero_stage", 2) != 2:
@@ -268,6 +272,14 @@ def lines(
             f"  {name:<28} {processes:>3} GPUs  {SHARDING[sharding]:<32} {_gib(got.peak):>9} GiB{verdict}"
         )
     return out
+
+
+def peaks_at(resolved: ResolvedRecipe, gpus: int, shardings: list[str]) -> dict[str, int]:
+    """Peak bytes per GPU of the recipe on ``gpus`` processes under each sharding (``vgrpo run --gpus``
+    picks its config by them)."""
+    shape, _, measured = denoiser_shape(resolved, None)
+    base = setup_from(resolved, None, "none", gpus, 0.0, measured)
+    return {k: estimate(shape, replace(base, sharding=k)).peak for k in shardings}
 
 
 def estimate_for(resolved: ResolvedRecipe, gpus: int = 1, sharding: str = "none") -> Estimate:

@@ -4,34 +4,98 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
 from vgrpo_platform import media
-from vgrpo_platform.config.recipe import ResolvedRecipe
+from vgrpo_platform.config.recipe import RESOLVED_JSON, ResolvedRecipe
 from vgrpo_platform.errors import CheckpointError
 from vgrpo_platform.protocols import BuildContext, SamplerSpec, Samples
 from vgrpo_platform.training.iteration.rollout import generate_with_extras
-from vgrpo_platform.training.recovery.checkpoint import Checkpoint, latest_valid_checkpoint, load_checkpoint
-from vgrpo_platform.training.session import Session, build_session, resolve_device
+from vgrpo_platform.training.recovery.checkpoint import (
+    FILES,
+    Checkpoint,
+    latest_valid_checkpoint,
+    load_checkpoint,
+    missing_files,
+)
+from vgrpo_platform.training.recovery.recipe_changes import Change, listed, model_changes, refuse_foreign
+from vgrpo_platform.training.session import Session, build_session, fingerprint, resolve_device
 
 
 def _resolve_checkpoint(checkpoint: str | Path | None) -> Checkpoint | None:
+    """The checkpoint ``--checkpoint`` names; a folder that is none says what it lacks."""
     if checkpoint is None:
         return None
     path = Path(checkpoint)
     if (path / "checkpoints").is_dir():  # a run directory: take its newest valid checkpoint
-        found = latest_valid_checkpoint(path)
+        found = latest_valid_checkpoint(path, on_skip=lambda why: print(f"warning: {why}", file=sys.stderr))
         if found is None:
-            raise CheckpointError(f"run directory {path} holds no complete checkpoint; train it first")
+            raise CheckpointError(
+                f"run directory {path} holds no complete checkpoint in {path / 'checkpoints'}; train it "
+                "first, or name one of its checkpoints/iter_* folders"
+            )
         return found
     if not path.is_dir():
         raise CheckpointError(
             f"checkpoint {path} does not exist; pass a run directory or a checkpoints/iter_* folder"
         )
+    missing = missing_files(path)
+    if len(missing) == len(FILES):
+        raise CheckpointError(
+            f"{path} is neither a run directory (it has no checkpoints/ folder) nor a checkpoint (it has "
+            f"no {', '.join(FILES)}); pass a run directory (run.output_dir/run.name) or one of its "
+            "checkpoints/iter_* folders"
+        )
+    if missing:
+        raise CheckpointError(
+            f"checkpoint {path} is incomplete: it lacks {', '.join(missing)}; pass its run directory "
+            f"{path.parent.parent} to take the newest complete checkpoint"
+        )
     return load_checkpoint(path)
+
+
+def _check_fit(resolved: ResolvedRecipe, ckpt: Checkpoint) -> list[Change] | None:
+    """Compare the checkpoint's fingerprint with the recipe's before any model loads: another adapter or
+    LoRA setup stops here, naming the keys; other adapter options (guidance, resolution) get a note and
+    the weights are loaded if they fit. Returns the model keys that differ (``None``: unknown)."""
+    found = ckpt.state.get("fingerprint")
+    if found is None or found == fingerprint(resolved.recipe):
+        return []
+    run_dir = ckpt.path.parent.parent
+    differ = model_changes(run_dir, resolved.recipe)
+    source = str(resolved.path) if resolved.path else "this recipe"
+    if differ is None:
+        print(
+            f"note: checkpoint {ckpt.path} was written for another model or LoRA setup than {source} "
+            f"(no {RESOLVED_JSON} in {run_dir} says which keys); its weights are loaded if they fit",
+            file=sys.stderr,
+        )
+        return None
+    refuse_foreign(ckpt.path, differ, source)
+    if differ:
+        print(f"note: {source} differs from the run's recipe in {listed(differ)}", file=sys.stderr)
+    return differ
+
+
+def _load_weights(session: Session, ckpt: Checkpoint, differ: list[Change] | None) -> None:
+    """Copy the served weights in; names or shapes that do not match are one error naming the cause."""
+    weights = ckpt.served_weights
+    missing = set(session.trainable) - set(weights)
+    extra = set(weights) - set(session.trainable)
+    shaped = [k for k, p in session.trainable.items() if k in weights and weights[k].shape != p.shape]
+    if missing or extra or shaped:
+        why = f"; the run's recipe differs in {listed(differ)}" if differ else ""
+        raise CheckpointError(
+            f"checkpoint {ckpt.path} does not fit this recipe's model ({len(missing)} weights missing, "
+            f"{len(extra)} with no place in it, {len(shaped)} of another shape{why}); use the recipe the "
+            "run was trained with"
+        )
+    for name, p in session.trainable.items():
+        p.copy_(weights[name].to(p.device, p.dtype))
 
 
 @torch.no_grad()
@@ -44,20 +108,14 @@ def trained_session(
 
     ``checkpoint`` is a run directory (its newest complete checkpoint) or a ``checkpoints/iter_*``
     folder; None = the base model. The moving average is loaded where the run kept one: what it
-    evaluated and exported. The checkpoint is read first, so a wrong path fails before any model loads.
+    evaluated and exported. The checkpoint is read and its fingerprint checked first, so a wrong path or
+    another model's checkpoint fails before any model loads.
     """
     ckpt = _resolve_checkpoint(checkpoint)
+    differ = _check_fit(resolved, ckpt) if ckpt is not None else []
     session = build_session(resolved, context)
     if ckpt is not None:
-        weights = ckpt.served_weights
-        missing = set(session.trainable) - set(weights)
-        if missing:
-            raise CheckpointError(
-                f"checkpoint {ckpt.path} does not fit this recipe's model ({len(missing)} weights missing); "
-                "use the recipe the run was trained with"
-            )
-        for name, p in session.trainable.items():
-            p.copy_(weights[name].to(p.device, p.dtype))
+        _load_weights(session, ckpt, differ)
     session.adapter.denoiser.eval()
     return session, ckpt
 

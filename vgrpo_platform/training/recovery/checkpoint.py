@@ -104,13 +104,18 @@ def _fsync_dir(path: Path) -> None:
                 os.close(fd)
 
 
+def missing_files(path: Path) -> list[str]:
+    """The files of a complete checkpoint that ``path`` lacks (all of them: not a checkpoint folder)."""
+    return [f for f in FILES if not (Path(path) / f).is_file()]
+
+
 def list_checkpoints(run_dir: Path) -> list[Path]:
     """Complete checkpoint folders, oldest first (temp folders of an interrupted write are skipped)."""
     root = checkpoint_dir(run_dir)
     if not root.is_dir():
         return []
     found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX)]
-    return sorted((p for p in found if all((p / f).is_file() for f in FILES)), key=lambda p: p.name)
+    return sorted((p for p in found if not missing_files(p)), key=lambda p: p.name)
 
 
 def load_checkpoint(path: Path) -> Checkpoint:
@@ -124,8 +129,9 @@ def load_checkpoint(path: Path) -> Checkpoint:
         averaged = load_file(str(path / AVERAGED)) if (path / AVERAGED).is_file() else None
     except Exception as exc:  # safetensors, pickle and json each raise their own types
         raise CheckpointError(
-            f"checkpoint {path} is unreadable ({type(exc).__name__}: {exc}); "
-            "delete it to resume from an older one"
+            f"checkpoint {path} is unreadable ({type(exc).__name__}: {exc}); name an older "
+            f"checkpoints/iter_* folder, or the run directory {path.parent.parent}: --resume, sample and "
+            "eval take its newest readable checkpoint"
         ) from exc
     return Checkpoint(
         path=path, weights=weights, optimizer=optimizer, rng=rng, state=state, averaged=averaged
@@ -140,5 +146,9 @@ def latest_valid_checkpoint(run_dir: Path, on_skip: Callable[[str], None] | None
             return load_checkpoint(path)
         except CheckpointError as exc:
             if on_skip is not None:
-                on_skip(f"skipping {exc}")
+                cause = exc.__cause__
+                on_skip(
+                    f"skipping checkpoint {path}: unreadable ({type(cause).__name__}: {cause}); "
+                    "trying an older one"
+                )
     return None
