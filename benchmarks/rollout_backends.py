@@ -121,11 +121,20 @@ def arm_settings(arm: str) -> list[str]:
     return ARMS[arm] if arm in ARMS else ONE_CORE_EACH[arm]
 
 
+def shown(path: Path) -> str:
+    """``path`` relative to the repository when it lies inside (the runs start there): a committed
+    record names no folder of the machine that made it."""
+    try:
+        return path.resolve().relative_to(ROOT).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
 def cell_settings(args: argparse.Namespace, arm: str, seed: int) -> list[str]:
     return [
         f"run.seed={seed}",
         f"run.name='{arm.replace('+', '_')}_s{seed}'",
-        f"run.output_dir='{args.work.as_posix()}/{args.world}'",
+        f"run.output_dir='{shown(args.work)}/{args.world}'",
         f"train.iterations={args.iterations}",
         f"eval.every={args.iterations}",  # before and after: the end figure, evaluations not timed twice
         "log.checkpoint_every=0",

@@ -38,20 +38,21 @@ class JsonPoster:
     unreachable_fix: ClassVar[str]
     """The fix appended to the error for a server that cannot be reached."""
 
-    def _request(self, body: bytes) -> urllib.request.Request:
+    def _request(self, body: Any) -> urllib.request.Request:
+        """The request that sends ``body``, what ``_post`` was given (JSON bytes, or ``remote``'s frame)."""
         raise NotImplementedError(f"{type(self).__name__} must implement _request()")
 
     def _http_error(self, code: int, body: bytes) -> Exception:
         """The ``TransientError`` or ``RewardError`` for a server's HTTP error ``code`` with ``body``."""
         raise NotImplementedError(f"{type(self).__name__} must implement _http_error()")
 
-    def _post(self, body: bytes) -> dict[str, Any]:
+    def _post(self, body: Any) -> dict[str, Any]:
         """One POST with up to ``retries`` more tries on transient failures, backing off between them."""
         return with_retries(
             lambda: self._post_once(body), retries=self.config.retries, backoff_s=self.config.backoff_s
         )
 
-    def _post_once(self, body: bytes) -> dict[str, Any]:
+    def _post_once(self, body: Any) -> dict[str, Any]:
         request = self._request(body)
         try:
             with urllib.request.urlopen(request, timeout=self.config.timeout_s) as response:

@@ -99,3 +99,20 @@ def test_clap_scores_cosine_similarity_of_its_own_embeddings(tmp_path) -> None:
     expected = torch.nn.functional.cosine_similarity(text, sound, dim=-1)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     assert got.shape == (2,) and (got.abs() <= 1).all()
+
+
+def test_without_torchaudio_building_an_audio_reward_is_one_line_naming_the_extra(monkeypatch) -> None:
+    """torchaudio is the `audio` extra (the core install keeps the machine's torch): without it the audio
+    rewards' module refuses to load with the install line, not a bare ImportError."""
+    import importlib
+    import sys
+
+    from vgrpo_platform.errors import RewardError
+
+    monkeypatch.setitem(sys.modules, "torchaudio", None)  # `import torchaudio` now raises ImportError
+    monkeypatch.setitem(sys.modules, "torchaudio.functional", None)
+    monkeypatch.delitem(sys.modules, "vgrpo_rewards.audio.impl")
+    with pytest.raises(RewardError) as excinfo:
+        importlib.import_module("vgrpo_rewards.audio.impl")
+    message = str(excinfo.value)
+    assert "\n" not in message and "need torchaudio" in message and "vgrpo[audio]" in message

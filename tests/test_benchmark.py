@@ -266,3 +266,19 @@ def test_the_rollout_backends_benchmark_runs_at_toy_size_and_resumes_its_cells(t
     assert len(cells) == 2 * len(bench.ARMS) + len(bench.ONE_CORE_EACH)
     assert bench.main(args) == 0
     assert _files(tmp_path / "out" / "cells") == cells  # nothing ran again
+
+
+def test_a_rollout_backends_cell_names_its_run_folder_relative_to_the_repository():
+    """Cell records are committed: a run folder inside the repository is written relative to it (the runs
+    start there), so no record names the folder of the machine that made it; one outside stays as given."""
+    import argparse
+
+    root = Path(rollout_backends.__file__).resolve().parents[1]
+    args = argparse.Namespace(
+        work=root / "runs" / "rollout_backends", world="shapes", iterations=3, overrides=[]
+    )
+    assert "run.output_dir='runs/rollout_backends/shapes'" in rollout_backends.cell_settings(
+        args, "cached", 0
+    )
+    args.work = Path("/elsewhere/runs")
+    assert "run.output_dir='/elsewhere/runs/shapes'" in rollout_backends.cell_settings(args, "cached", 0)

@@ -348,9 +348,23 @@ def test_broken_plugin_is_one_line_at_startup(monkeypatch, capsys):
     )
 
 
+def _builtin_plugin_commands() -> set[str]:
+    """The commands vgrpo's own plugins add (the shapes adapter's ``pretrain-shapes``), as the console
+    script adds them, but from this distribution's entry points only (not a test's or another package's)."""
+    ours = [ep.load() for ep in importlib.metadata.entry_points(group="vgrpo") if ep.dist.name == "vgrpo"]
+    app = typer.Typer()
+    build_plugin_manager(load_entry_points=False, extra_plugins=ours).hook.register_commands(app=app)
+    return {c.name or c.callback.__name__ for c in app.registered_commands}
+
+
 def test_docs_cli_md_has_a_section_for_every_command():
     headings = [
         ln for ln in (ROOT / "docs" / "cli.md").read_text().splitlines() if ln.startswith("## `vgrpo ")
     ]
     documented = {ln.split()[2].rstrip("`") for ln in headings}
-    assert {c.name or c.callback.__name__ for c in cli.app.registered_commands} <= documented
+    commands = {c.name or c.callback.__name__ for c in cli.app.registered_commands}
+    groups = {g.name for g in cli.app.registered_groups}  # `vgrpo new reward|adapter`
+    plugin_commands = _builtin_plugin_commands()
+    assert "new" in groups and "pretrain-shapes" in plugin_commands  # what the scan must see
+    missing = sorted((commands | groups | plugin_commands) - documented)
+    assert not missing, f"commands without a '## `vgrpo COMMAND ...`' section in docs/cli.md: {missing}"

@@ -30,8 +30,9 @@ PINNED = {
     "vgrpo_platform.retrying": ["TransientError", "with_retries"],
     "vgrpo_platform.media": ["read_audio", "read_video", "write_audio", "write_video"],
     "vgrpo_platform.reward_wire": [
-        "PROTOCOL", "WireError", "decode_samples", "decode_scores", "encode_request", "encode_samples",
-        "encode_scores",
+        "FRAME_TYPE", "JSON_TYPE", "PROTOCOL", "PROTOCOLS", "Frame", "ScoreRequest", "WireError",
+        "decode_request", "decode_samples", "decode_scores", "encode_frame", "encode_request",
+        "encode_samples", "encode_scores", "read_frame",
     ],
 }  # fmt: skip
 

@@ -7,6 +7,7 @@ import base64
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -77,7 +78,8 @@ def test_health_names_the_reward_and_protocol():
     assert health == {
         "status": "ok",
         "reward": "shapes",
-        "protocol": wire.PROTOCOL,
+        "protocol": 2,
+        "protocols": [1, 2],
         "modalities": ["image"],
         "options": {"objective": "correct"},
     }
@@ -138,11 +140,12 @@ def test_remote_is_an_installed_reward_whose_entry_module_has_no_torch():
 
 
 def fake(reply):
-    """A WSGI app answering every request with ``reply``."""
+    """A WSGI app answering every request with ``reply`` (or ``reply(the request read from its frame)``)."""
 
     def app(environ, start_response):
         request = Request(environ)
-        status, body = reply(json.loads(request.get_data())) if callable(reply) else reply
+        read = wire.read_frame(io.BytesIO(request.get_data()))
+        status, body = reply(read) if callable(reply) else reply
         return Response(body, status=status, mimetype="application/json")(environ, start_response)
 
     return app
@@ -193,13 +196,13 @@ def test_malformed_reply_is_one_line(batch, body, fragment):
 
 def test_wrong_count_of_scores(batch):
     def short(request):
-        n = len(request["prompts"])
+        n = len(request.prompts)
         return 200, json.dumps({"protocol": 1, "reward": "x", "scores": {"score": [0.5] * (n - 1)}})
 
     with serving(fake(short)) as url:
         with pytest.raises(RewardError) as excinfo:
             score_one(remote(url, timeout_s=5, retries=0), batch)
-    one_line_error(excinfo, "'scores.score' has 4 values for 5 samples", "serve-reward of protocol 1")
+    one_line_error(excinfo, "'scores.score' has 4 values for 5 samples", "serve-reward of protocol 2")
 
 
 def test_server_side_failures_are_reported_with_the_fix(batch):
@@ -229,7 +232,7 @@ def test_a_server_of_another_reward_is_refused(batch):
 def test_a_body_over_the_limit_is_refused_with_the_batch_size_hint(batch, monkeypatch):
     from vgrpo_platform.cli import reward_server
 
-    monkeypatch.setattr(reward_server, "MAX_BODY", 1000)
+    monkeypatch.setattr(reward_server, "MAX_FRAME_BODY", 1000)
     with serving(RewardApp("shapes", build_shapes(ShapesConfig(), None))) as url:
         with pytest.raises(RewardError) as excinfo:
             score_one(remote(url, timeout_s=5, retries=3), batch)  # a 4xx is not retried
@@ -249,6 +252,155 @@ def test_remote_passes_the_reward_conformance_kit():
             entry_module="vgrpo_rewards.remote",
             samples=samples,
         )
+
+
+# ------------------------------------------------------------------------------- the wire: protocols 2 and 1
+
+
+class Trickle(io.RawIOBase):
+    """A body that hands out at most ``step`` bytes per read, as a socket may."""
+
+    def __init__(self, data: bytes, step: int) -> None:
+        self.data, self.step, self.pos = data, step, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        n = min(len(buffer), self.step, len(self.data) - self.pos)
+        buffer[:n] = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return n
+
+
+def frame_bytes(samples: Samples, prompts: list[str], metadata: list[dict] | None = None) -> bytes:
+    frame = wire.encode_frame(samples, prompts, metadata or [{}] * len(prompts))
+    return b"".join(bytes(chunk) for chunk in frame.chunks)
+
+
+def test_a_frame_is_a_json_header_and_a_safetensors_file_sent_from_the_samples_memory():
+    from safetensors.torch import load, save
+
+    data = torch.rand(3, 3, 5, 7, generator=torch.Generator().manual_seed(0))
+    frame = wire.encode_frame(Samples("image", data), ["a", "b", "c"], [{"k": 1}, {}, {}])
+    body = b"".join(bytes(chunk) for chunk in frame.chunks)
+    assert frame.length == len(body)
+    n = int.from_bytes(body[:8], "little")
+    header = json.loads(body[8 : 8 + n])
+    assert (
+        header["protocol"] == 2 and header["prompts"] == ["a", "b", "c"] and header["metadata"][0] == {"k": 1}
+    )
+    assert torch.equal(load(body[8 + n :])["samples"], data)  # the rest is a safetensors file of the samples
+    data[0, 0, 0, 0] = 7.0  # the frame sends the tensor's own memory, not a copy taken when it was built
+    assert np.frombuffer(frame.chunks[-1], dtype="<f4")[0] == 7.0
+    # the server reads a frame whose tensor safetensors itself wrote (with metadata), a few bytes at a time
+    written = body[: 8 + n] + save({"samples": data}, metadata={"by": "safetensors"})
+    read = wire.read_frame(Trickle(written, 100), len(written))
+    assert read.protocol == 2 and read.prompts == ["a", "b", "c"] and read.metadata == [{"k": 1}, {}, {}]
+    assert read.samples.modality == "image" and torch.equal(read.samples.data, data)
+
+
+def test_64_video_clips_are_scored_in_one_request_exactly_as_in_process(monkeypatch):
+    """What protocol 1 told users to chunk by hand: 64 clips go in one request (batch_size 0), over a
+    limit the same batch as protocol-1 JSON does not fit, and score bit-for-bit as in process."""
+    from werkzeug.test import Client
+
+    from vgrpo_platform.cli import reward_server
+
+    clips = torch.rand(64, 4, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    samples, prompts = Samples("video", clips, fps=8), [f"clip {i}" for i in range(64)]
+    registry = default_registry()
+    expected = registry.build("reward", "temporal_consistency", {}, None).score(samples, prompts, [{}] * 64)
+    app = RewardApp("temporal_consistency", registry.build("reward", "temporal_consistency", {}, None))
+    seen = []
+
+    def counted(environ, start_response):
+        seen.append((environ["PATH_INFO"], environ.get("CONTENT_TYPE")))
+        return app(environ, start_response)
+
+    monkeypatch.setattr(reward_server, "MAX_JSON_BODY", clips.numel() * 4)  # the raw bytes, not base64
+    with serving(counted) as url:
+        out = remote(url, reward="temporal_consistency", timeout_s=60).score(samples, prompts, [{}] * 64)
+    assert seen == [("/score", wire.FRAME_TYPE)]
+    assert torch.equal(out["score"], expected)
+    as_json = Client(app).post(
+        "/score", data=wire.encode_request(samples, prompts, [{}] * 64), content_type=wire.JSON_TYPE
+    )
+    assert as_json.status_code == 413
+
+
+def test_a_protocol_1_client_is_still_served_with_the_same_scores(batch):
+    samples, prompts = batch
+    with serving(RewardApp("shapes", build_shapes(ShapesConfig(), None))) as url:
+        request = urllib.request.Request(
+            f"{url}/score",
+            data=wire.encode_request(samples, prompts, [{}] * len(prompts)),
+            headers={"Content-Type": wire.JSON_TYPE},
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            reply = json.loads(response.read())
+        framed = remote(url, reward="shapes", timeout_s=30).score(samples, prompts, [{}] * len(prompts))
+    assert reply["protocol"] == 1 and reply["reward"] == "shapes"
+    old = wire.decode_scores(reply, len(prompts))
+    assert old.keys() == framed.keys() and all(torch.equal(old[k], framed[k]) for k in old)
+
+
+def _frame_with(samples_tensors: dict, header: dict | None = None) -> bytes:
+    from safetensors.torch import save
+
+    text = json.dumps(header or {"protocol": 2, "samples": {"modality": "image"}, "prompts": ["a"]}).encode()
+    return len(text).to_bytes(8, "little") + text + save(samples_tensors)
+
+
+MISMATCH = "its frame describes"  # over HTTP a body of another length than its frame fails on Content-Length
+
+
+@pytest.mark.parametrize(
+    "body, length, fragment, over_http",
+    [
+        (lambda b: b[:-10], None, "the body ended after", MISMATCH),
+        (lambda b: b, 1, MISMATCH, False),  # a Content-Length that lies: not sendable over HTTP
+        (lambda b: b + b"x", None, "a frame holds one tensor", MISMATCH),
+        (
+            lambda b: _frame_with({"samples": torch.zeros(1, 3, 2, 2).half()}),
+            None,
+            "send float32 (F32)",
+            None,
+        ),
+        (
+            lambda b: _frame_with({"samples": torch.zeros(1, 3), "x": torch.zeros(1)}),
+            None,
+            "one tensor named",
+            None,
+        ),
+        (
+            lambda b: _frame_with({"samples": torch.zeros(1, 3)}, {"protocol": 3}),
+            None,
+            "a frame is protocol 2",
+            None,
+        ),
+        (lambda b: b"\xff" * 8 + b, None, "not a vgrpo frame", None),
+    ],
+)
+def test_a_broken_frame_is_a_400_naming_the_problem(body, length, fragment, over_http):
+    from werkzeug.test import Client
+
+    good = frame_bytes(Samples("image", torch.zeros(1, 3, 2, 2)), ["a"])
+    with pytest.raises(wire.WireError, match=re.escape(fragment)):
+        wire.read_frame(io.BytesIO(body(good)), length)
+    if over_http is False:
+        return
+    app = RewardApp("shapes", build_shapes(ShapesConfig(), None))
+    reply = Client(app).post("/score", data=body(good), content_type=wire.FRAME_TYPE)
+    error = reply.json["error"]
+    assert reply.status_code == 400 and (over_http or fragment) in error and "\n" not in error, error
+
+
+def test_protocol_2_sent_as_json_is_refused_with_the_content_type_to_use():
+    body = json.dumps({"protocol": 2, "samples": {}, "prompts": []}).encode()
+    with pytest.raises(wire.WireError, match="protocol 2 travels as a frame"):
+        wire.decode_request(body)
 
 
 # ------------------------------------------------------------------------------- training

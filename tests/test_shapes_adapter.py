@@ -247,3 +247,12 @@ def test_two_stage_pretraining_equals_stage_two_rerun_from_the_kept_stage_one(tm
     chained, rerun, first = (load_file(d / weights) for d in (tmp_path / "m", tmp_path / "m2", stage1))
     assert all(torch.equal(chained[k], rerun[k]) for k in chained)
     assert any(not torch.equal(chained[k], first[k]) for k in chained)  # stage 2 did train
+    # stage 2 loaded stage 1 from a folder of this machine, and stage 1 its random start from a temporary
+    # one: no written file names either (diffusers copies the load path into `_name_or_path`)
+    assert again["started_from"] == "stage-1 model m_stage1"
+    written = [f for d in ("m", "m2", "m_stage1") for f in sorted((tmp_path / d).rglob("*.json"))]
+    assert len(written) >= 3 * 4
+    for file in written:
+        text = file.read_text()
+        assert str(tmp_path) not in text and "/tmp" not in text and "_name_or_path" not in text, file
+    assert ToyAdapter.load(tmp_path / "m").denoiser.config.num_layers == size.num_layers  # still loads

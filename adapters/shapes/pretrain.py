@@ -285,7 +285,7 @@ def pretrain_stages(
     final["stages"] = [asdict(c) for c in stages]
     final["stages_run"] = [r["steps"] for r in reports]
     final["seconds_all_stages_run"] = sum(r["seconds"] for r in reports)
-    final["started_from"] = "random weights" if init is None else f"stage-1 model {init}"
+    final["started_from"] = "random weights" if init is None else f"stage-1 model {Path(init).name}"
     (out / REPORT_FILE).write_text(json.dumps(final, indent=2, sort_keys=True))
     return final
 
@@ -345,3 +345,18 @@ def save_model(adapter: ToyAdapter, out: Path) -> None:
     adapter.denoiser.save_pretrained(out / "transformer")
     adapter.text_encoder.save_pretrained(out / "text_encoder")
     adapter.tokenizer.save_pretrained(out / "tokenizer")
+    for config in sorted(out.glob("*/*.json")):
+        drop_load_path(config)
+
+
+LOAD_PATH_KEYS = ("_name_or_path", "name_or_path")
+"""Where a model was loaded from, which ``save_pretrained`` copies into its config: a folder of the machine
+that wrote it (stage 2 loads stage 1's output; the shipped weights once named the developer's work tree)."""
+
+
+def drop_load_path(config: Path) -> None:
+    """Remove ``LOAD_PATH_KEYS`` from a saved JSON config, in diffusers' layout (sorted keys, indent 2)."""
+    data = json.loads(config.read_text())
+    if isinstance(data, dict) and any(key in data for key in LOAD_PATH_KEYS):
+        kept = {k: v for k, v in data.items() if k not in LOAD_PATH_KEYS}
+        config.write_text(json.dumps(kept, indent=2, sort_keys=True, ensure_ascii=False) + "\n")

@@ -7,9 +7,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-import torchaudio.functional as AF
 
+from vgrpo_platform.errors import RewardError
 from vgrpo_platform.protocols import Samples
+
+try:
+    import torchaudio.functional as AF
+except ImportError as exc:  # the `audio` extra: not in the core install, which keeps the machine's torch
+    raise RewardError(
+        f"the audio rewards need torchaudio, which failed to import ({exc}); install the torchaudio "
+        "of your torch's version: pip install 'vgrpo[audio]' with the README's torch constraint"
+    ) from None
 
 from .._target import toward_target
 

@@ -1,4 +1,8 @@
-"""The ``remote`` Reward: POST /score in chunks, bounded retries, one-line errors with the fix."""
+"""The ``remote`` Reward: POST /score in chunks, bounded retries, one-line errors with the fix.
+
+Each request is a protocol-2 frame (``reward_wire.encode_frame``): the samples' bytes are sent from the
+tensor's memory as they are, so a batch of any size goes in one request without a text copy.
+"""
 
 from __future__ import annotations
 
@@ -57,12 +61,12 @@ class RemoteReward(JsonPoster):
         self, samples: Samples, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]]
     ) -> dict[str, torch.Tensor]:
         try:
-            body = wire.encode_request(samples, prompts, metadata)
+            frame = wire.encode_frame(samples, prompts, metadata)
         except TypeError as exc:
             raise RewardError(
                 f"remote reward: metadata is not JSON ({exc}); pass only strings, numbers, lists and dicts"
             ) from None
-        reply = self._post(body)
+        reply = self._post(frame)
         if self.config.reward is not None and reply.get("reward") != self.config.reward:
             raise RewardError(
                 f"the server at {self.url} serves reward {reply.get('reward')!r}, not "
@@ -76,18 +80,19 @@ class RemoteReward(JsonPoster):
                 f"of protocol {wire.PROTOCOL} there"
             ) from None
 
-    def _request(self, body: bytes) -> urllib.request.Request:
-        return urllib.request.Request(
-            f"{self.url}/score", data=body, headers={"Content-Type": "application/json"}, method="POST"
-        )
+    def _request(self, body: wire.Frame) -> urllib.request.Request:
+        # an iterable body with its Content-Length: urllib sends the pieces one after another, unjoined
+        headers = {"Content-Type": wire.FRAME_TYPE, "Content-Length": str(body.length)}
+        return urllib.request.Request(f"{self.url}/score", data=body.chunks, headers=headers, method="POST")
 
     def _http_error(self, code: int, body: bytes) -> Exception:
         message = _error_text(body)
         if code >= 500:
             return TransientError(f"{self.server} failed: {message}; fix the served reward")
         return RewardError(
-            f"{self.server} refused the request (HTTP {code}): {message}; "
-            "check the modality, the protocol and options.batch_size"
+            f"{self.server} refused the request (HTTP {code}): {message}; check the modality, the "
+            f"protocol (this client sends {wire.PROTOCOL}; a server that answers 'not JSON' is an older "
+            "vgrpo that speaks only 1: upgrade it) and options.batch_size"
         )
 
 
