@@ -8,6 +8,7 @@ from PIL import Image
 
 from vgrpo_platform.protocols import Samples
 from vgrpo_platform.training.observe.grids import (
+    PAGE_WIDTH,
     RIGHT,
     WRONG,
     GridSpec,
@@ -89,3 +90,32 @@ def test_before_after_needs_both_grids_with_the_same_prompts(tmp_path):
 def test_audio_samples_make_no_grid(tmp_path):
     audio = Samples("audio", torch.zeros(2, 1, 100))
     assert save_grid(audio, tmp_path / "a.png", group_size=1) is None
+
+
+def test_grids_fit_the_reports_page_at_their_own_size_and_wrap_long_groups(tmp_path):
+    # 48 prompts of 8 samples (the quickstart's evaluation): near-square would be 3 tiles of 558 px
+    wide = read_layout(path := _grid(tmp_path, "wide.png", n_prompts=48, group=8, value=0.5))
+    assert Image.open(path).width <= PAGE_WIDTH
+    assert len({t["frames"][0][0] for t in wide["tiles"]}) == 2  # two columns of tiles, not three
+    # 32 samples of one prompt do not fit one line: they wrap, frames keep their 64 px
+    long = read_layout(path := _grid(tmp_path, "long.png", n_prompts=2, group=32, value=0.5))
+    assert Image.open(path).width <= PAGE_WIDTH
+    frames = long["tiles"][0]["frames"]
+    assert len(frames) == 32 and all(w == h == 68 for _, _, w, h in frames)
+    assert len({y for _, y, _, _ in frames}) == 2  # two lines of frames
+    boxes = [(x, y) for x, y, _, _ in frames]
+    assert len(set(boxes)) == 32  # none on top of another
+    before = _grid(tmp_path, "a.png", n_prompts=16, group=8, value=0.0)
+    after = _grid(tmp_path, "b.png", n_prompts=16, group=8, value=1.0)
+    out = save_before_after(before, after, tmp_path / "ba.png")
+    assert Image.open(out).width <= PAGE_WIDTH  # one column of pairs: two would not fit
+
+
+def test_a_long_prompt_is_cut_to_its_tiles_width(tmp_path):
+    from vgrpo_platform.training.observe.grids import _fit, _font
+
+    font = _font()
+    text = "a very long prompt " * 5
+    cut = _fit(text, font, 100)
+    assert cut.endswith("…") and font.getlength(cut) <= 100 < font.getlength(text)
+    assert _fit("short", font, 100) == "short"

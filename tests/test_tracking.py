@@ -163,3 +163,70 @@ def test_audio_evaluations_log_a_clip_of_each_first_prompt(tmp_path):
     assert sorted(events.Tags()["audio"]) == ["eval/clip_0", "eval/clip_1", "eval/clip_2"]
     (clip,) = events.Audio("eval/clip_1")
     assert clip.step == 7 and clip.sample_rate == 8000 and clip.length_frames == 800
+
+
+def _image_samples(n_prompts: int, group: int) -> object:
+    import torch
+
+    from vgrpo_platform.protocols import Samples
+
+    shades = torch.arange(n_prompts * group, dtype=torch.float32) / (n_prompts * group)
+    return Samples("image", shades[:, None, None, None].expand(-1, 3, 4, 6).clone())  # [B, 3, H, W]
+
+
+def test_single_samples_go_to_tensorboard_with_prompt_and_reward_captions(tmp_path):
+    pytest.importorskip("tensorboard", reason='pip install "vgrpo[tensorboard]"')
+    from accelerate import Accelerator
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from vgrpo_platform.training.observe.tracking import Tracking
+
+    accelerator = Accelerator(cpu=True, **Tracking.accelerator_kwargs(["tensorboard"], tmp_path))
+    logged = Tracking(accelerator, ["tensorboard"], "images", tmp_path)
+    logged.start(run_name="i", config={"x": 1}, resumed_at=None)
+    prompts = ["a red circle", "a blue square", "a green triangle"]
+    rewards = [0.25, 0.5, 0.75, 1.0, 0.0, 0.125]  # two samples per prompt
+    logged.log_samples(5, None, _image_samples(3, 2), 2, prompts=prompts, rewards=rewards)
+    logged.finish()
+    events = EventAccumulator(
+        str(tmp_path / "tensorboard" / "images"), size_guidance={"images": 0, "tensors": 0}
+    )
+    events.Reload()
+    assert sorted(events.Tags()["images"]) == ["eval/sample_00", "eval/sample_01", "eval/sample_02"]
+    (image,) = events.Images("eval/sample_01")
+    assert image.step == 5 and (image.width, image.height) == (6, 4)  # one sample, not a grid
+    (text,) = events.Tensors("eval/sample_captions/text_summary")
+    captions = text.tensor_proto.string_val[0].decode()
+    # the first sample of each prompt: samples 0, 2 and 4
+    assert captions.split("  \n") == [
+        "sample_00: a red circle | 0.25",
+        "sample_01: a blue square | 0.75",
+        "sample_02: a green triangle | 0",
+    ]
+
+
+def test_wandb_gets_a_captioned_image_per_prompt_as_flow_grpo_logs_them(tmp_path, monkeypatch):
+    import sys
+    from types import SimpleNamespace
+
+    from vgrpo_platform.training.observe.tracking import MAX_IMAGES, Tracking
+
+    class Image:  # what the code under test builds: wandb.Image(pixels, caption=...)
+        def __init__(self, data: object, caption: str | None = None) -> None:
+            self.data, self.caption = data, caption
+
+    logged_media: list[tuple[dict, int]] = []
+    run = SimpleNamespace(log=lambda media, step: logged_media.append((media, step)))
+    monkeypatch.setitem(sys.modules, "wandb", SimpleNamespace(Image=Image))
+    accelerator = SimpleNamespace(is_main_process=True, get_tracker=lambda name, unwrap=False: run)
+    tracking = Tracking(accelerator, ["wandb"], "p", tmp_path)
+    tracking.started = True
+    prompts = [f"prompt {i} " + "x" * 200 for i in range(20)]
+    rewards = [float(i) / 40 for i in range(40)]
+    tracking.log_samples(3, None, _image_samples(20, 2), 2, prompts=prompts, rewards=rewards)
+    ((media, step),) = logged_media
+    images = media["eval/sample_images"]
+    assert step == 3 and len(images) == MAX_IMAGES == 16
+    assert images[1].caption == f"{prompts[1][:100]} | 0.05"  # sample 2: prompt 1's first, reward 2/40
+    assert images[0].data.shape == (4, 6, 3) and images[0].data.dtype.name == "uint8"
+    assert int(images[1].data[0, 0, 0]) == round(2 / 40 * 255)

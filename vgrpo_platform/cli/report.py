@@ -5,10 +5,12 @@ needs no server. It holds ``rewards.png`` (train and held-out reward curves per 
 criterion, against iteration and against wall-clock seconds), ``training.png`` (loss, KL, ratio,
 grad norm, time split per iteration), ``monitors.png`` (the training reward against each
 reward-hacking monitor, where the run has one), copies of the sample grids, and ``index.html``
-tying them together with a first-vs-last evaluation table and the run's recipe.
+tying them together with the evaluation table (first, peak and last, each with its standard error
+and sample count), the warnings of the monitors, and the run's recipe.
 
-Reads only files (``metrics.jsonl``, ``samples/eval_*.png``, ``recipe.toml``,
-``resolved_recipe.json``); imports no torch, and matplotlib (Agg, no pyplot state) only when drawing.
+Reads only files (``metrics.jsonl``, ``eval_stats.jsonl``, ``samples/eval_*.png``, ``recipe.toml``,
+``resolved_recipe.json``); imports no torch, and matplotlib (Agg, no pyplot state) only when drawing
+(``report_figures``).
 """
 
 from __future__ import annotations
@@ -22,28 +24,36 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vgrpo_platform.cli.report_figures import (
+    ReportError,
+    monitors_figure,
+    number,
+    reward_keys,
+    rewards_figure,
+    save,
+    training_figure,
+)
+from vgrpo_platform.cli.report_figures import training_panels as _panels_of
+from vgrpo_platform.config.schema import MonitorSection
 from vgrpo_platform.errors import VgrpoError
+from vgrpo_platform.training.observe.metrics import EVAL_STATS
+from vgrpo_platform.training.observe.monitor import Fall, falls
+
+__all__ = [
+    "ReportError",
+    "RunMetrics",
+    "eval_table",
+    "monitor_keys",
+    "read_run_metrics",
+    "reward_keys",
+    "training_panels",
+    "write_report",
+]
 
 REPORT_DIR = "report"
 BEFORE_AFTER = "samples/before_after.png"  # written by the run at its end (training.observe.grids)
-TRAINING_PANELS = (  # (title, main key, (band low, band high) or None)
-    ("loss", "loss", None),
-    ("KL to the old policy", "kl", None),
-    ("importance ratio (mean, min-max band)", "ratio_mean", ("ratio_min", "ratio_max")),
-    ("grad norm (before clipping)", "grad_norm", None),
-    ("fraction of groups with zero reward spread (no signal)", "zero_std_fraction", None),
-    # a rollout backend that is not exact (rollout.mismatch_every): what its speed costs
-    ("rollout backend vs exact sampler: relative latent distance", "rollout_mismatch_rel_rmse", None),
-    ("rollout backend vs exact sampler: reward gap (backend - exact)", "rollout_mismatch_reward_gap", None),
-    ("rollout staleness (updates behind the trained weights)", "rollout_staleness", None),
-)
-TIME_KEYS = ("time_rollout", "time_reward", "time_train")
-_NOT_METRICS = {"kind", "iteration", "wall_seconds", "epoch"}
 _GRID = re.compile(r"eval_(\d+)\.png$")
-
-
-class ReportError(VgrpoError):
-    """The run directory cannot be reported on (missing, no or unreadable metrics)."""
+_MINUS = "\u2212"
 
 
 @dataclass
@@ -91,24 +101,22 @@ def read_run_metrics(path: Path) -> RunMetrics:
     return out
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
-
-
-def reward_keys(records: list[dict[str, Any]]) -> list[str]:
-    """``reward``, then ``reward/<name>``, then ``detail/<name>/<criterion>``, in first-seen order."""
-    seen: dict[str, None] = {}
-    for r in records:
-        for k, v in r.items():
-            if _number(v) is not None and (k == "reward" or k.startswith(("reward/", "detail/"))):
-                seen.setdefault(k)
-
-    def rank(k: str) -> int:
-        return 0 if k == "reward" else 1 if k.startswith("reward/") else 2
-
-    return sorted(seen, key=rank)  # stable: first-seen order within each group
+def read_eval_stats(run_dir: Path) -> dict[int, dict[str, dict[str, Any]]]:
+    """``eval_stats.jsonl``: iteration -> metric -> ``{"mean", "sem", "n"}``; ``{}`` where the run wrote
+    none (runs before it existed). Unreadable lines (a killed run's torn last one) are skipped: the
+    table then shows those evaluations without standard errors."""
+    out: dict[int, dict[str, dict[str, Any]]] = {}
+    try:
+        text = (run_dir / EVAL_STATS).read_text(errors="replace")
+    except OSError:
+        return out
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+            out[int(record["iteration"])] = dict(record["stats"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return out
 
 
 def monitor_keys(metrics: RunMetrics, watched: list[str] | tuple[str, ...] = ()) -> list[str]:
@@ -118,30 +126,58 @@ def monitor_keys(metrics: RunMetrics, watched: list[str] | tuple[str, ...] = ())
     seen: dict[str, None] = dict.fromkeys(k for k in watched if any(k in r for r in metrics.eval))
     for r in metrics.eval:
         for k, v in r.items():
-            if _number(v) is None:
+            if number(v) is None:
                 continue
             if k.startswith("monitor/") or (k.startswith(("reward/", "detail/")) and k not in trained):
                 seen.setdefault(k)
     return list(seen)
 
 
-def watched_keys(run_dir: Path) -> tuple[list[str], str]:
-    """``[eval.monitor]``'s ``(stop_when_falls, rising)`` from ``resolved_recipe.json``; default ``[]``."""
+@dataclass(frozen=True)
+class MonitorRule:
+    """The run's ``[eval.monitor]`` from ``resolved_recipe.json`` (the schema's defaults without one)."""
+
+    watched: list[str] = field(default_factory=list)  # stop_when_falls; empty: the stop rule was off
+    rising: str = "reward"
+    margin: float = MonitorSection().margin
+
+
+def monitor_rule(run_dir: Path) -> MonitorRule:
+    """``[eval.monitor]`` of the run; a key it lacks (or a run without the file) keeps its default."""
+    default = MonitorRule()
     try:
         monitor = json.loads((run_dir / "resolved_recipe.json").read_text())["eval"]["monitor"]
-        return [str(k) for k in monitor["stop_when_falls"]], str(monitor["rising"])
+        return MonitorRule(
+            [str(k) for k in monitor.get("stop_when_falls", default.watched)],
+            str(monitor.get("rising", default.rising)),
+            float(monitor.get("margin", default.margin)),
+        )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return default
+
+
+def kl_title(run_dir: Path) -> str:
+    """What the run's ``kl`` metric measures, from its surrogate's config (``kl_measures``), so the panel
+    never calls a KL to the base model one to the old policy; a neutral title where that is unknown."""
+    unknown = "KL penalty term (what it measures is the surrogate's own)"
+    try:
+        surrogate = json.loads((run_dir / "resolved_recipe.json").read_text())["surrogate"]
+        name, options = str(surrogate["name"]), dict(surrogate.get("options") or {})
     except (OSError, ValueError, KeyError, TypeError):
-        return [], "reward"
+        return unknown
+    from vgrpo_platform.host.collect import default_registry
+
+    try:
+        config = default_registry().validate_options("surrogate", name, options)
+    except VgrpoError:  # the plugin is gone, or its options changed since the run
+        return f"KL penalty term of surrogate '{name}'"
+    measures = getattr(config, "kl_measures", None)
+    return str(measures()) if callable(measures) else f"KL penalty term of surrogate '{name}'"
 
 
-def _series(records: list[dict[str, Any]], key: str, x: str) -> tuple[list[float], list[float]]:
-    xs, ys = [], []
-    for r in records:
-        xv, yv = _number(r.get(x)), _number(r.get(key))
-        if xv is not None and yv is not None:
-            xs.append(xv)
-            ys.append(yv)
-    return xs, ys
+def training_panels(metrics: RunMetrics) -> list[tuple[str, str, tuple[str, str] | None]]:
+    """The training panels this run has data for (a rollout backend's gap only where it was measured)."""
+    return _panels_of(metrics.train)
 
 
 def sample_grids(run_dir: Path) -> list[tuple[int, Path]]:
@@ -154,221 +190,111 @@ def sample_grids(run_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-# ------------------------------------------------------------------------------------------ drawing
-def _matplotlib() -> tuple[Any, Any]:
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise ReportError("`vgrpo report` needs matplotlib: pip install matplotlib") from None
-    return Figure, FigureCanvasAgg
+# --------------------------------------------------------------------------------------------- table
+@dataclass(frozen=True)
+class Cell:
+    """One evaluation's value of a metric, with its standard error where ``eval_stats.jsonl`` has it."""
+
+    iteration: int
+    mean: float | None
+    sem: float | None = None
+    n: int | None = None
 
 
-def _panel_groups(keys: list[str]) -> list[tuple[str, list[str]]]:
-    """One panel for the total, one per reward, one per reward's criteria (they share a [0, 1]-ish scale)."""
-    groups: list[tuple[str, list[str]]] = []
-    details: dict[str, list[str]] = {}
-    for k in keys:
-        if k.startswith("detail/"):
-            name = k.split("/")[1] if k.count("/") >= 2 else "detail"
-            details.setdefault(name, []).append(k)
-        else:
-            groups.append((k if k != "reward" else "reward (weighted total)", [k]))
-    groups += [(f"detail/{name}/* (criteria)", ks) for name, ks in details.items()]
-    return groups
+@dataclass(frozen=True)
+class TableRow:
+    """A metric at the first, the best (highest; the earliest on ties) and the last evaluation."""
+
+    key: str
+    first: Cell
+    peak: Cell
+    last: Cell
 
 
-def plot_rewards(metrics: RunMetrics, path: Path) -> Path:
-    """Train (thin line) and eval (markers) rewards; left column per iteration, right per wall second."""
-    Figure, Canvas = _matplotlib()
-    groups = _panel_groups(reward_keys(metrics.train + metrics.eval))
-    if not groups:
-        groups = [("reward (none logged)", [])]
-    fig = Figure(figsize=(13, 2.9 * len(groups) + 0.6), dpi=100, layout="constrained")
-    Canvas(fig)
-    axes = fig.subplots(len(groups), 2, squeeze=False)
-    palette = [f"C{i}" for i in range(10)]
-    for row, (title, keys) in enumerate(groups):
-        for col, (x, xlabel) in enumerate(
-            (("iteration", "iteration"), ("wall_seconds", "wall-clock seconds"))
-        ):
-            ax = axes[row][col]
-            for i, key in enumerate(keys):
-                color = palette[i % len(palette)]
-                label = key.split("/")[-1] if key.startswith("detail/") else ""
-                xs, ys = _series(metrics.train, key, x)
-                if xs:
-                    ax.plot(xs, ys, color=color, lw=1.0, alpha=0.55, label=f"train {label}".strip())
-                    std = f"reward_std/{key.removeprefix('reward/')}" if key.startswith("reward/") else ""
-                    xs_std, sds = _series(metrics.train, std, x) if std else ([], [])
-                    if len(xs_std) == len(xs):
-                        ax.fill_between(
-                            xs,
-                            [y - s for y, s in zip(ys, sds, strict=True)],
-                            [y + s for y, s in zip(ys, sds, strict=True)],
-                            color=color,
-                            alpha=0.12,
-                            lw=0,
-                            label="train ±1 std within batch",
-                        )
-                xs, ys = _series(metrics.eval, key, x)
-                if xs:
-                    ax.plot(xs, ys, color=color, lw=2.0, marker="o", ms=5, label=f"eval {label}".strip())
-            ax.set_title(f"{title} vs {xlabel}", fontsize=10)
-            ax.set_xlabel(xlabel)
-            ax.set_ylabel(keys[0] if len(keys) == 1 else "criterion score")
-            ax.grid(alpha=0.3)
-            if ax.get_legend_handles_labels()[0]:
-                ax.legend(fontsize=8, loc="best", ncol=2 if len(keys) > 2 else 1)
-    fig.suptitle("Rewards: train (thin) and held-out eval (markers, fixed prompts and seeds)")
-    fig.savefig(path)
-    return path
+def _cell(record: dict[str, Any], key: str, stats: dict[int, dict[str, dict[str, Any]]]) -> Cell:
+    it = int(record["iteration"])
+    found = stats.get(it, {}).get(key, {})
+    n = found.get("n")
+    return Cell(it, number(record.get(key)), number(found.get("sem")), int(n) if isinstance(n, int) else None)
 
 
-def training_panels(metrics: RunMetrics) -> list[tuple[str, str, tuple[str, str] | None]]:
-    """The ``TRAINING_PANELS`` this run has data for (a rollout backend's gap only where it was measured)."""
-    return [p for p in TRAINING_PANELS if _series(metrics.train, p[1], "iteration")[0]]
+def eval_table(
+    evals: list[dict[str, Any]], stats: dict[int, dict[str, dict[str, Any]]] | None = None
+) -> list[TableRow]:
+    """Every reward, criterion and ``monitor/*`` metric logged at evaluation: first, peak and last."""
+    if not evals:
+        return []
+    stats = stats or {}
+    monitors = [k for k in dict.fromkeys(k for r in evals for k in r) if k.startswith("monitor/")]
+    rows = []
+    for key in [*reward_keys(evals), *monitors]:
+        held = [r for r in evals if number(r.get(key)) is not None]
+        peak = max(held, key=lambda r: r[key]) if held else evals[-1]  # max keeps the earliest of equals
+        rows.append(
+            TableRow(key, _cell(evals[0], key, stats), _cell(peak, key, stats), _cell(evals[-1], key, stats))
+        )
+    return rows
 
 
-def plot_training(metrics: RunMetrics, path: Path) -> Path:
-    """Loss, KL, ratio, grad norm per iteration, and where each iteration's seconds went."""
-    Figure, Canvas = _matplotlib()
-    panels = training_panels(metrics)
-    has_time = any(_series(metrics.train, k, "iteration")[0] for k in TIME_KEYS)
-    n = len(panels) + int(has_time) or 1
-    cols = 2 if n > 1 else 1
-    rows = -(-n // cols)
-    fig = Figure(figsize=(6.5 * cols, 3.2 * rows + 0.6), dpi=100, layout="constrained")
-    Canvas(fig)
-    axes = [ax for row in fig.subplots(rows, cols, squeeze=False) for ax in row]
-    for ax, (title, key, band) in zip(axes, panels, strict=False):
-        xs, ys = _series(metrics.train, key, "iteration")
-        ax.plot(xs, ys, color="C0", lw=1.3, marker="." if len(xs) <= 60 else None, label=key)
-        if band:
-            lo, hi = (_series(metrics.train, b, "iteration") for b in band)
-            if lo[0] == hi[0] and lo[0]:
-                ax.fill_between(
-                    lo[0], lo[1], hi[1], color="C0", alpha=0.2, lw=0, label=f"{band[0]} .. {band[1]}"
-                )
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("iteration")
-        ax.set_ylabel(key)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="best")
-    used = len(panels)
-    if has_time:
-        ax = axes[used]
-        used += 1
-        iters = [float(r["iteration"]) for r in metrics.train]
-        bottom = [0.0] * len(iters)
-        for i, key in enumerate(TIME_KEYS):
-            ys = [_number(r.get(key)) or 0.0 for r in metrics.train]
-            ax.bar(
-                iters,
-                ys,
-                bottom=bottom,
-                width=1.0,
-                color=f"C{i + 1}",
-                label=key.removeprefix("time_"),
-                edgecolor="white" if len(iters) <= 60 else "none",
-                linewidth=0.5,
-            )
-            bottom = [b + y for b, y in zip(bottom, ys, strict=True)]
-        ax.set_title("time per iteration (stacked)", fontsize=10)
-        ax.set_xlabel("iteration")
-        ax.set_ylabel("seconds")
-        ax.grid(alpha=0.3, axis="y")
-        ax.legend(fontsize=8, loc="best")
-    if used == 0:
-        axes[0].text(0.5, 0.5, "no train records yet", ha="center", va="center", transform=axes[0].transAxes)
-        used = 1
-    for ax in axes[used:]:
-        ax.set_visible(False)
-    fig.suptitle("Training diagnostics per iteration")
-    fig.savefig(path)
-    return path
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "–"
+    if math.isnan(value) or math.isinf(value):
+        return str(value)
+    return f"{value:.4g}"
 
 
-def plot_monitors(metrics: RunMetrics, path: Path, keys: list[str], rising: str = "reward") -> Path:
-    """One panel per monitor: the training reward (left axis: train thin, eval markers) and the monitor
-    at each evaluation (right axis), so a reward that rises while the monitor falls is seen at once.
-    A dashed line marks where ``[eval.monitor]`` stopped the run."""
-    Figure, Canvas = _matplotlib()
-    cols = 2 if len(keys) > 1 else 1
-    rows = -(-len(keys) // cols)
-    fig = Figure(figsize=(6.5 * cols, 3.2 * rows + 0.6), dpi=100, layout="constrained")
-    Canvas(fig)
-    axes = [ax for row in fig.subplots(rows, cols, squeeze=False) for ax in row]
-    for ax, key in zip(axes, keys, strict=False):
-        xs, ys = _series(metrics.train, "reward", "iteration")
-        if xs:
-            ax.plot(xs, ys, color="C0", lw=1.0, alpha=0.55, label="train reward")
-        xs, ys = _series(metrics.eval, rising, "iteration")
-        ax.plot(xs, ys, color="C0", lw=2.0, marker="o", ms=4, label=f"eval {rising}")
-        ax.set_xlabel("iteration")
-        ax.set_ylabel("training reward", color="C0")
-        twin = ax.twinx()
-        xs, ys = _series(metrics.eval, key, "iteration")
-        twin.plot(xs, ys, color="C3", lw=2.0, marker="s", ms=4, label=key)
-        twin.set_ylabel(key, color="C3")
-        for stop in metrics.stopped:
-            ax.axvline(stop["iteration"], color="k", ls="--", lw=1.0, label="stopped by the monitor")
-        ax.set_title(f"training reward vs {key}", fontsize=10)
-        ax.grid(alpha=0.3)
-        handles = [h for a in (ax, twin) for h in a.get_legend_handles_labels()[0]]
-        labels = [t for a in (ax, twin) for t in a.get_legend_handles_labels()[1]]
-        ax.legend(handles, labels, fontsize=8, loc="best")
-    for ax in axes[len(keys) :]:
-        ax.set_visible(False)
-    fig.suptitle("Reward-hacking monitors: the reward should not rise while a monitor falls")
-    fig.savefig(path)
-    return path
+def _with_sem(cell: Cell) -> str:
+    text = _fmt(cell.mean)
+    if cell.sem is not None and math.isfinite(cell.sem):
+        text += f" ± {cell.sem:.2g}"
+    return text
+
+
+def _delta(a: float | None, b: float | None) -> str:
+    if a is None or b is None:
+        return "–"
+    d = b - a
+    return "0" if d == 0 else ("+" if d > 0 else _MINUS) + _fmt(abs(d))
+
+
+def _table_html(rows: list[TableRow], warned: set[str]) -> str:
+    if not rows:
+        return "<p>No evaluation records in metrics.jsonl.</p>"
+    first, last = rows[0].first.iteration, rows[0].last.iteration
+    head = (
+        f"<tr><th>metric</th><th>n</th><th>first eval (iteration {first})</th><th>peak</th>"
+        f"<th>peak iteration</th><th>last eval (iteration {last})</th><th>last {_MINUS} first</th>"
+        f"<th>last {_MINUS} peak</th></tr>"
+    )
+    body = []
+    for row in rows:
+        ns = {c.n for c in (row.first, row.peak, row.last) if c.n is not None}
+        below = row.last.mean is not None and row.peak.mean is not None and row.last.mean < row.peak.mean
+        classes = [c for c, on in (("warn", row.key in warned), ("below", below)) if on]
+        mark = "⚠ " if row.key in warned else ""
+        attr = f' class="{" ".join(classes)}"' if classes else ""
+        body.append(
+            f"<tr{attr}><td>{mark}{html.escape(row.key)}</td>"
+            f"<td>{'/'.join(str(n) for n in sorted(ns)) or '–'}</td>"
+            f"<td>{_with_sem(row.first)}</td><td>{_with_sem(row.peak)}</td><td>{row.peak.iteration}</td>"
+            f"<td>{_with_sem(row.last)}</td><td>{_delta(row.first.mean, row.last.mean)}</td>"
+            f"<td>{_delta(row.peak.mean, row.last.mean)}</td></tr>"
+        )
+    note = (
+        '<p class="small">± one standard error of the mean (std / √n, unbiased std) over the <i>n</i> '
+        "held-out samples (prompts for <code>monitor/diversity</code>); – where the run wrote no "
+        f"<code>{EVAL_STATS}</code>. Peak: the highest evaluation. Shaded rows end below their peak"
+        "; ⚠ marks a monitor past its margin (warnings above).</p>"
+    )
+    return f"<table>{head}{''.join(body)}</table>{note}"
 
 
 # ------------------------------------------------------------------------------------------- HTML
-def _fmt(value: Any) -> str:
-    v = _number(value)
-    if v is None:
-        return "–"
-    if math.isnan(v) or math.isinf(v):
-        return str(v)
-    return f"{v:.4g}"
-
-
-def eval_table(evals: list[dict[str, Any]]) -> list[tuple[str, Any, Any]]:
-    """``(metric, first value, last value)`` for every reward / criterion logged at evaluation."""
-    if not evals:
-        return []
-    first, last = evals[0], evals[-1]
-    monitors = [k for k in dict.fromkeys(k for r in evals for k in r) if k.startswith("monitor/")]
-    return [(k, first.get(k), last.get(k)) for k in [*reward_keys(evals), *monitors]]
-
-
-def _table_html(evals: list[dict[str, Any]]) -> str:
-    rows = eval_table(evals)
-    if not rows:
-        return "<p>No evaluation records in metrics.jsonl.</p>"
-    first, last = evals[0], evals[-1]
-    head = (
-        f"<tr><th>metric</th><th>first eval (iteration {first['iteration']})</th>"
-        f"<th>last eval (iteration {last['iteration']})</th><th>change</th></tr>"
-    )
-    body = []
-    for key, a, b in rows:
-        na, nb = _number(a), _number(b)
-        delta = _fmt(nb - na) if na is not None and nb is not None else "–"
-        if delta not in ("–", "nan") and not delta.startswith("-"):
-            delta = "+" + delta
-        body.append(
-            f"<tr><td>{html.escape(key)}</td><td>{_fmt(a)}</td><td>{_fmt(b)}</td><td>{delta}</td></tr>"
-        )
-    return f"<table>{head}{''.join(body)}</table>"
-
-
-def _figure_html(src: str, caption: str) -> str:
+def _figure_html(src: str, caption: str, cls: str = "plot") -> str:
     src, caption = html.escape(src), html.escape(caption)
     image = f'<a href="{src}"><img src="{src}" alt="{caption}"></a>'
-    return f"<figure>{image}<figcaption>{caption}</figcaption></figure>"
+    return f'<figure class="{cls}">{image}<figcaption>{caption}</figcaption></figure>'
 
 
 def _recipe_html(run_dir: Path) -> str:
@@ -384,16 +310,39 @@ def _recipe_html(run_dir: Path) -> str:
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1400px; padding: 0 1em; color: #222; }
-img { max-width: 100%; image-rendering: pixelated; border: 1px solid #ddd; }
-figure { display: inline-block; margin: 0.5em; vertical-align: top; text-align: center; }
-.pair figure { width: 45%; } .pair img { width: 100%; }
-.all figure img { width: 240px; }
+img { border: 1px solid #ddd; }
+figure { margin: 0.5em 0; }
+figure.plot img { max-width: 100%; }
+/* sample grids keep their own size (their labels are 11 px): they wrap or scroll, never shrink */
+figure.grid { display: inline-block; vertical-align: top; max-width: 100%; overflow-x: auto;
+  margin-right: 1em; }
+figure.grid img { max-width: none; image-rendering: pixelated; }
+details.grid { margin: 0.3em 0; }
 table { border-collapse: collapse; }
 td, th { border: 1px solid #ccc; padding: 0.25em 0.7em; text-align: right; }
 td:first-child { text-align: left; font-family: monospace; }
+tr.below td { background: #fbf3e4; }
+tr.warn td:first-child { color: #b00; font-weight: bold; }
 pre { background: #f6f6f6; padding: 1em; overflow-x: auto; }
 .note { color: #a60; }
+.small { font-size: 0.9em; color: #555; }
+.warnings { border: 2px solid #c33; background: #fdf0f0; padding: 0.3em 1em; margin: 1em 0; }
+.warnings p { color: #900; }
 """
+
+
+def _warnings_html(found: list[Fall], rule: MonitorRule) -> str:
+    if not found:
+        return ""
+    if rule.watched:
+        how = f"[eval.monitor] stops the run after {html.escape(', '.join(rule.watched))} fall"
+    else:
+        how = "[eval.monitor] stop_when_falls is empty: the stop rule was off, so nothing stopped the run"
+    lines = "".join(f"<p>⚠ {html.escape(f.message())}</p>" for f in found)
+    return (
+        f'<div class="warnings"><h3>Warnings: a monitor is past its margin at the last evaluation</h3>'
+        f'{lines}<p class="small">{how}.</p></div>\n'
+    )
 
 
 def _monitors_html(metrics: RunMetrics, drawn: bool) -> str:
@@ -408,11 +357,43 @@ def _monitors_html(metrics: RunMetrics, drawn: bool) -> str:
     return f"<h2>Reward-hacking monitors</h2>\n{stops}{figure}\n"
 
 
+def _samples_html(run_dir: Path, grids: list[tuple[int, str]]) -> str:
+    if not grids:
+        return "<p>No sample grids (samples/eval_*.png) in the run directory.</p>"
+    before_after = ""
+    if (run_dir / REPORT_DIR / BEFORE_AFTER).is_file():
+        caption = "each prompt's samples at the first and the last evaluation"
+        before_after = _figure_html(BEFORE_AFTER, caption, "grid")
+    (i0, p0), (i1, p1) = grids[0], grids[-1]
+    pair = _figure_html(p0, f"first evaluation, iteration {i0}", "grid")
+    pair += _figure_html(p1, f"last evaluation, iteration {i1}", "grid")
+    every = "".join(
+        f'<details class="grid"><summary>iteration {i}</summary>'
+        f"{_figure_html(p, f'iteration {i}', 'grid')}</details>"
+        for i, p in grids
+    )
+    return (
+        "<p>Held-out prompts, each with its samples under it; the same seeds at every evaluation. "
+        "Where a reward judges each sample (a <code>correct</code> detail), its border is green "
+        "(right) or red (wrong). Grids are shown at their own size.</p>"
+        f"{before_after}"
+        f'<div class="pair">{pair}</div><h3>Every evaluation, in order (click to open)</h3>'
+        f'<div class="all">{every}</div>'
+    )
+
+
 def render_html(
-    run_dir: Path, metrics: RunMetrics, grids: list[tuple[int, str]], monitors: bool = False
+    run_dir: Path,
+    metrics: RunMetrics,
+    grids: list[tuple[int, str]],
+    monitors: bool = False,
+    *,
+    stats: dict[int, dict[str, dict[str, Any]]] | None = None,
+    warnings: list[Fall] | None = None,
+    rule: MonitorRule | None = None,
 ) -> str:
     """The page; ``grids`` are ``(iteration, path relative to the report folder)``; ``monitors``: whether
-    ``monitors.png`` was drawn."""
+    ``monitors.png`` was drawn; ``warnings``: the monitors past their margin at the last evaluation."""
     name = html.escape(run_dir.resolve().name)
     last_train = metrics.train[-1] if metrics.train else {}
     facts = [
@@ -420,7 +401,7 @@ def render_html(
         + (f" (last: {last_train['iteration']})" if last_train else ""),
         f"{len(metrics.eval)} evaluations",
     ]
-    wall = _number(last_train.get("wall_seconds"))
+    wall = number(last_train.get("wall_seconds"))
     if wall is not None:
         facts.append(f"{wall:.1f} wall-clock seconds")
     note = (
@@ -428,37 +409,21 @@ def render_html(
         if metrics.torn_last_line
         else ""
     )
-    before_after = ""
-    if (run_dir / REPORT_DIR / BEFORE_AFTER).is_file():
-        caption = "each prompt's samples at the first and the last evaluation"
-        before_after = _figure_html(BEFORE_AFTER, caption)
-    if grids:
-        (i0, p0), (i1, p1) = grids[0], grids[-1]
-        pair = _figure_html(p0, f"first evaluation, iteration {i0}")
-        pair += _figure_html(p1, f"last evaluation, iteration {i1}")
-        every = "".join(_figure_html(p, f"iteration {i}") for i, p in grids)
-        samples = (
-            "<p>Held-out prompts, each with its samples under it; the same seeds at every evaluation. "
-            "Where a reward judges each sample (a <code>correct</code> detail), its border is green "
-            "(right) or red (wrong).</p>"
-            f"{before_after}"
-            f'<div class="pair">{pair}</div><h3>All evaluations, in order</h3><div class="all">{every}</div>'
-        )
-    else:
-        samples = "<p>No sample grids (samples/eval_*.png) in the run directory.</p>"
+    found = warnings or []
+    table = _table_html(eval_table(metrics.eval, stats), {f.key for f in found})
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>vgrpo report: {name}</title><style>{_CSS}</style></head>
 <body>
 <h1>vgrpo report: {name}</h1>
 <p>{html.escape(", ".join(facts))}. Run directory: <code>{html.escape(str(run_dir))}</code></p>{note}
-<h2>Held-out evaluation: first vs last</h2>
-{_table_html(metrics.eval)}
+{_warnings_html(found, rule or MonitorRule())}<h2>Held-out evaluation: first, peak and last</h2>
+{table}
 <h2>Rewards</h2>
 {_figure_html("rewards.png", "rewards per iteration (left) and per wall-clock second (right)")}
 {_monitors_html(metrics, monitors)}<h2>Training</h2>
 {_figure_html("training.png", "loss, KL, ratio, grad norm, zero-spread groups and time split per iteration")}
 <h2>Samples</h2>
-{samples}
+{_samples_html(run_dir, grids)}
 <h2>Recipe</h2>
 {_recipe_html(run_dir)}
 </body></html>
@@ -474,12 +439,15 @@ def write_report(run_dir: Path | str) -> Path:
     metrics = read_run_metrics(run_dir / "metrics.jsonl")
     out = run_dir / REPORT_DIR
     out.mkdir(exist_ok=True)
-    plot_rewards(metrics, out / "rewards.png")
-    plot_training(metrics, out / "training.png")
-    watched, rising = watched_keys(run_dir)
-    monitors = monitor_keys(metrics, watched)
+    rule = monitor_rule(run_dir)
+    save(rewards_figure(metrics.train, metrics.eval), out / "rewards.png")
+    save(training_figure(metrics.train, kl_title(run_dir)), out / "training.png")
+    monitors = monitor_keys(metrics, rule.watched)
     if monitors:
-        plot_monitors(metrics, out / "monitors.png", monitors, rising)
+        figure = monitors_figure(
+            metrics.train, metrics.eval, metrics.stopped, monitors, rule.rising, rule.margin
+        )
+        save(figure, out / "monitors.png")
     else:
         (out / "monitors.png").unlink(missing_ok=True)  # a stale one from an earlier report
     samples_out = out / "samples"
@@ -492,6 +460,16 @@ def write_report(run_dir: Path | str) -> Path:
     if (run_dir / BEFORE_AFTER).is_file():
         samples_out.mkdir(exist_ok=True)
         shutil.copy2(run_dir / BEFORE_AFTER, out / BEFORE_AFTER)
+    found = falls(metrics.eval, monitors, margin=rule.margin, rising=rule.rising)
+    page = render_html(
+        run_dir,
+        metrics,
+        grids,
+        monitors=bool(monitors),
+        stats=read_eval_stats(run_dir),
+        warnings=found,
+        rule=rule,
+    )
     index = out / "index.html"
-    index.write_text(render_html(run_dir, metrics, grids, monitors=bool(monitors)), encoding="utf-8")
+    index.write_text(page, encoding="utf-8")
     return index

@@ -55,7 +55,14 @@ from vgrpo_platform.training.iteration.rollout import RolloutPlan, plan_rollout,
 from vgrpo_platform.training.iteration.rollout_source import RolloutSource
 from vgrpo_platform.training.iteration.update import PolicyUpdate
 from vgrpo_platform.training.observe.evaluation import Protocol, evaluate
-from vgrpo_platform.training.observe.metrics import MetricsWriter, Progress, read_metrics, reward_metrics
+from vgrpo_platform.training.observe.metrics import (
+    EVAL_STATS,
+    MetricsWriter,
+    Progress,
+    read_metrics,
+    reward_metrics,
+    stats_record,
+)
 from vgrpo_platform.training.observe.monitor import Watch
 from vgrpo_platform.training.observe.summary import summarise
 from vgrpo_platform.training.observe.tracking import Tracking, require
@@ -184,15 +191,20 @@ class Trainer:
             self.start_iteration, self.elapsed = resumed.iteration, resumed.elapsed
             self.eval_pending = resumed.eval_pending
         self.metrics = None  # only the main process writes
+        self.eval_stats = None
         history: list[dict] = []  # the evaluation records the monitor judges (main process)
         if self.accelerator.is_main_process:
             save_resolved(self.resolved, self.run_dir)
             self.metrics = MetricsWriter(
                 self.run_dir / "metrics.jsonl", resume_after=self.start_iteration if resume else None
             )
+            self.eval_stats = MetricsWriter(
+                self.run_dir / EVAL_STATS, resume_after=self.start_iteration if resume else None
+            )
             if resume:
                 history = [r for r in read_metrics(self.metrics.path) if r.get("kind") == "eval"]
-        self.watch = Watch(self.recipe.eval.monitor, self.accelerator, history)
+        evaluation_only = [r.key for r in self.session.eval_rewards]
+        self.watch = Watch(self.recipe.eval.monitor, self.accelerator, history, evaluation_only)
 
     def _rollout_source(self, resolved: ResolvedRecipe, context: BuildContext) -> RolloutSource:
         """``[rollout] backend``: built here, started on the session's adapter and trainable weights."""
@@ -231,6 +243,7 @@ class Trainer:
             recipe.log.progress if self.accelerator.is_main_process else "none",
             total,
             start=self.start_iteration,
+            label=recipe.surrogate.name,
         )
         stop = StopFlag()
         self.t_start = time.perf_counter() - self.elapsed  # see _elapsed()
@@ -317,7 +330,13 @@ class Trainer:
         evaluated = self.on_fault.evaluation(
             lambda: self.evaluate(iteration, wall=wall), iteration, wall, self._elapsed, progress
         )
-        return self.watch(evaluated) if evaluated is not None else None
+        if evaluated is None:
+            return None
+        alarm = self.watch(evaluated)
+        warning = self.watch.warning()  # a guard past the margin, whether or not the rule is on
+        if warning is not None:
+            progress.message(warning)
+        return alarm
 
     def _elapsed(self) -> float:
         """Seconds of training so far, resumed runs included, the optional diagnostics left out."""
@@ -579,13 +598,22 @@ class Trainer:
         record: dict = {"kind": "eval", "iteration": iteration, "wall_seconds": wall, **result.means()}
         if self.accelerator.is_main_process:
             self._write(record)
+            if self.eval_stats is not None:  # standard errors and counts, for `vgrpo report`
+                self.eval_stats.write(stats_record(iteration, result.summary()))
             if grids:  # ranks hold consecutive blocks of the prompts, so the gathered order is theirs
                 per_prompt = self.protocol.samples_per_prompt
                 grid = result.save_grid(
                     self.run_dir / "samples" / f"eval_{iteration:06d}.png",
                     title=f"held-out prompts at iteration {iteration}, {per_prompt} fixed seeds each",
                 )
-                self.tracking.log_samples(iteration, grid, result.samples, per_prompt)
+                self.tracking.log_samples(
+                    iteration,
+                    grid,
+                    result.samples,
+                    per_prompt,
+                    prompts=self.protocol.prompts,
+                    rewards=result.total.tolist(),
+                )
         return record
 
 

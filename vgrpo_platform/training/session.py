@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,13 +27,29 @@ from vgrpo_platform.training.iteration.scoring import WeightedReward
 
 
 def resolve_device(name: str) -> torch.device:
+    """``run.device`` as a torch device; a CPU one is also told to DeepSpeed (``tell_deepspeed``)."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    elif name == "cuda" and not torch.cuda.is_available():
         from vgrpo_platform.errors import RecipeError
 
         raise RecipeError("run.device = 'cuda' but no CUDA device is visible; use 'auto' or 'cpu'")
-    return torch.device(name)
+    else:
+        device = torch.device(name)
+    tell_deepspeed(device)
+    return device
+
+
+def tell_deepspeed(device: torch.device) -> None:
+    """Name the CPU to DeepSpeed (``DS_ACCELERATOR``, unless the user set it) before anything imports it.
+
+    Why: where DeepSpeed is installed, accelerate imports it whenever a model is unwrapped (transformers'
+    ``save_pretrained`` does, to recognise a DeepSpeed engine), even in runs that never use it; on
+    import DeepSpeed looks for a GPU and, finding none, prints "Setting accelerator to CPU. If you have
+    GPU or other accelerator, we were unable to detect it." at every start of a CPU run.
+    """
+    if device.type == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
 def run_dir_of(recipe: Recipe) -> Path:

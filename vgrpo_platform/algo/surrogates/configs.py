@@ -13,6 +13,17 @@ from pydantic import Field, model_validator
 
 from vgrpo_platform.registry import PluginConfig
 
+REFERENCE = "the frozen base model (reference: LoRA off, or the initial weights)"
+
+
+def kl_title(kl_beta: float, what: str) -> str:
+    """What the training metric ``kl`` measures, as ``vgrpo report`` titles its panel.
+
+    Each config's ``kl_measures()`` returns it: the metric's name says "KL" whatever the anchor, and
+    a title that names the wrong anchor (the old policy for the base model) misleads.
+    """
+    return what if kl_beta > 0 else "no KL penalty (kl_beta = 0): kl is logged as 0"
+
 
 class VGRPOConfig(PluginConfig):
     """Options of the V-GRPO ELBO surrogate (docs/method.md sections 2-4)."""
@@ -52,6 +63,11 @@ class VGRPOConfig(PluginConfig):
         1e-3, ge=0, lt=1, description="Lower clamp of drawn timesteps (t = 0 makes the weighted loss 0/0)."
     )
     t_max: float = Field(1.0 - 1e-3, gt=0, le=1, description="Upper clamp of drawn timesteps.")
+
+    def kl_measures(self) -> str:
+        """``kl``: the x-prediction distance to the anchor ``kl_anchor`` names."""
+        anchor = "the old (rollout) policy" if self.kl_anchor == "old" else REFERENCE
+        return kl_title(self.kl_beta, f"x-prediction KL to {anchor}")
 
     @model_validator(mode="after")
     def _check_t_range(self) -> VGRPOConfig:
@@ -98,6 +114,11 @@ class FlowGRPOConfig(PluginConfig):
     window_stride: int = Field(
         1, ge=1, description="MixGRPO: steps the window moves each time (wraps around)."
     )
+
+    def kl_measures(self) -> str:
+        """``kl``: the per-step Gaussian KL of the SDE steps to the reference's."""
+        return kl_title(self.kl_beta, f"per-step Gaussian KL to {REFERENCE}")
+
     window_placement: Literal["sliding", "random"] = Field(
         "sliding",
         description="'sliding' = MixGRPO's schedule; 'random' = Flow-GRPO-Fast: a uniform start in "
@@ -191,6 +212,10 @@ class DiffusionNFTConfig(PluginConfig):
     t_min: float = Field(1e-3, ge=0, lt=1, description="Lower clamp of drawn timesteps.")
     t_max: float = Field(1.0 - 1e-3, gt=0, le=1, description="Upper clamp of drawn timesteps.")
 
+    def kl_measures(self) -> str:
+        """``kl``: the squared velocity distance to the reference."""
+        return kl_title(self.kl_beta, f"velocity distance to {REFERENCE}")
+
 
 class AWMConfig(PluginConfig):
     """Advantage-weighted matching: a flow-matching loss weighted by advantages (V-GRPO minus shared noise
@@ -244,6 +269,10 @@ class AWMConfig(PluginConfig):
         None, gt=0, description="Advantages are clamped to [-adv_clip, adv_clip] (AWM: 5); null = not."
     )
     adv_scale: float = Field(1.0, gt=0, description="...then multiplied by this (AWM: 1/5).")
+
+    def kl_measures(self) -> str:
+        """``kl``: the squared velocity distance to the reference (the EMA penalty is ``ema_penalty``)."""
+        return kl_title(self.kl_beta, f"velocity distance to {REFERENCE}")
 
 
 class AWMAuthorsConfig(AWMConfig):

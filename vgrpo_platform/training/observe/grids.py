@@ -1,9 +1,12 @@
 """Sample grids as PNG: what a person looks at to judge a run.
 
 An evaluation grid shows each prompt's samples as one labelled tile (the prompt above, its
-samples side by side), and wraps the tiles into a near-square page, so hundreds of held-out
-samples stay readable. Where the rewards give a per-sample verdict (a 0/1 detail named
-``correct``, e.g. ``shapes/correct``), each frame gets a green (right) or red (wrong) border.
+samples side by side), and wraps the tiles into a near-square page at most ``PAGE_WIDTH`` pixels
+wide, so hundreds of held-out samples stay readable: ``vgrpo report`` shows grids at their own size
+(never shrunk, so the labels stay legible), and a page that fits the report needs no scrolling. A
+prompt with more samples than fit in one line wraps them onto several. Where the rewards give a
+per-sample verdict (a 0/1 detail named ``correct``, e.g. ``shapes/correct``), each frame gets a
+green (right) or red (wrong) border.
 Beside every grid a small JSON file records each tile's prompt, frame boxes, verdicts and rewards:
 the before/after picture is cut from two grids with it, and the report lists the prompts.
 """
@@ -24,6 +27,7 @@ from vgrpo_platform.protocols import Samples
 RIGHT, WRONG, UNJUDGED = (40, 170, 60), (215, 40, 40), (90, 90, 90)
 BACKGROUND, INK = (255, 255, 255), (20, 20, 20)
 BORDER, GAP, FONT_PX = 2, 6, 11
+PAGE_WIDTH = 1360  # pixels: what vgrpo report's page shows at 1:1
 LEGEND = "border: green = correct, red = not ({key})"
 
 
@@ -73,6 +77,24 @@ def _cut(text: str, chars: int) -> str:
     return text if len(text) <= chars else text[: chars - 1] + "…"
 
 
+def _fit(text: str, font: ImageFont.ImageFont | ImageFont.FreeTypeFont, width: int) -> str:
+    """``text`` cut with an ellipsis to at most ``width`` pixels, so a label never runs into the next tile."""
+    while len(text) > 1 and font.getlength(text) > width:
+        text = _cut(text, len(text) - 1)
+    return text
+
+
+def _per_line(frame_w: int, count: int, width: int) -> int:
+    """How many frames of ``frame_w`` pixels (2 apart) fit side by side in ``width`` (at least one)."""
+    return max(1, min(count, (width + 2) // (frame_w + 2)))
+
+
+def _frame_at(k: int, per_line: int, fw: int, fh: int) -> tuple[int, int]:
+    """Offset of frame ``k`` in its tile, lines of ``per_line`` frames 2 pixels apart."""
+    line, col = divmod(k, per_line)
+    return col * (fw + 2), line * (fh + 2)
+
+
 def _mark(verdict: float | None) -> tuple[int, int, int]:
     if verdict is None or not math.isfinite(verdict):
         return UNJUDGED
@@ -108,10 +130,13 @@ def save_grid(
     verdicts = list((details or {}).get(key, [])) if key else []
     font = _font()
     label_h = FONT_PX + 4
-    tile_w = max(group_size * fw + (group_size - 1) * 2, 8 * FONT_PX)
-    tile_h = label_h + fh
-    # near-square page: columns ~ sqrt(n * tile_h / tile_w)
-    columns = max(1, min(shown, round(math.sqrt(shown * tile_h / tile_w))))
+    per_line = _per_line(fw, group_size, PAGE_WIDTH - 2 * GAP)
+    frame_lines = -(-group_size // per_line)
+    tile_w = max(per_line * fw + (per_line - 1) * 2, 8 * FONT_PX)
+    tile_h = label_h + frame_lines * (fh + 2) - 2
+    # near-square page: columns ~ sqrt(n * tile_h / tile_w), as many as fit in PAGE_WIDTH
+    fit = max(1, (PAGE_WIDTH - GAP) // (tile_w + GAP))
+    columns = max(1, min(shown, round(math.sqrt(shown * tile_h / tile_w)), fit))
     lines = -(-shown // columns)
     header = [title] if title else []
     if key:
@@ -130,13 +155,14 @@ def save_grid(
         row, col = divmod(g, columns)
         x0, y0 = GAP + col * (tile_w + GAP), head_h + GAP + row * (tile_h + GAP)
         prompt = prompts[g] if prompts is not None and g < len(prompts) else ""
-        draw.text((x0, y0), _cut(prompt, spec.label_chars), fill=INK, font=font)
+        draw.text((x0, y0), _fit(_cut(prompt, spec.label_chars), font, tile_w), fill=INK, font=font)
         boxes, marks, scores = [], [], []
         for k in range(group_size):
             i = g * group_size + k
             if i >= len(frames):
                 break
-            fx, fy = x0 + k * (fw + 2), y0 + label_h
+            dx, dy = _frame_at(k, per_line, fw, fh)
+            fx, fy = x0 + dx, y0 + label_h + dy
             verdict = float(verdicts[i]) if i < len(verdicts) else None
             draw.rectangle((fx, fy, fx + fw - 1, fy + fh - 1), fill=_mark(verdict) if key else BACKGROUND)
             canvas.paste(frames[i], (fx + BORDER, fy + BORDER))
@@ -184,14 +210,14 @@ def save_before_after(
     font = _font()
 
     def strip(grid: Image.Image, tile: dict) -> Image.Image:
+        """The tile's frames in lines that fit half a page (before and after sit side by side)."""
         boxes = tile["frames"]
-        h = max(b[3] for b in boxes)
-        w = sum(b[2] for b in boxes) + 2 * (len(boxes) - 1)
-        row = Image.new("RGB", (w, h), BACKGROUND)
-        x = 0
-        for fx, fy, fw, fh in boxes:
-            row.paste(grid.crop((fx, fy, fx + fw, fy + fh)), (x, 0))
-            x += fw + 2
+        fw, fh = max(b[2] for b in boxes), max(b[3] for b in boxes)
+        per_line = _per_line(fw, len(boxes), (PAGE_WIDTH - 4 * GAP) // 2)
+        lines = -(-len(boxes) // per_line)
+        row = Image.new("RGB", (per_line * (fw + 2) - 2, lines * (fh + 2) - 2), BACKGROUND)
+        for k, (x, y, w, h) in enumerate(boxes):
+            row.paste(grid.crop((x, y, x + w, y + h)), _frame_at(k, per_line, fw, fh))
         return row
 
     pairs = [(strip(grids[0], lb["tiles"][i]), strip(grids[1], la["tiles"][i])) for i in range(n)]
@@ -199,7 +225,7 @@ def save_before_after(
     half_w = max(max(p.width for p, _ in pairs), max(q.width for _, q in pairs))
     cell_w = max(2 * half_w + 3 * GAP, 26 * FONT_PX)
     cell_h = label_h + max(max(p.height, q.height) for p, q in pairs) + GAP
-    columns = 2 if n > 8 else 1
+    columns = 2 if n > 8 and 2 * (cell_w + GAP) + GAP <= PAGE_WIDTH else 1
     lines = -(-n // columns)
     key = lb.get("verdict_key")
     header = f"{labels[0]} | {labels[1]} (same prompts, same seeds)"
@@ -219,7 +245,7 @@ def save_before_after(
         label = lb["tiles"][i]["prompt"]
         if key:
             label += f"   ({counts[0]} -> {counts[1]} correct)"
-        draw.text((x0, y0), _cut(label, 84), fill=INK, font=font)
+        draw.text((x0, y0), _fit(_cut(label, 84), font, cell_w), fill=INK, font=font)
         canvas.paste(b, (x0, y0 + label_h))
         canvas.paste(a, (x0 + half_w + 3 * GAP, y0 + label_h))
         sep_x = x0 + half_w + GAP + GAP // 2

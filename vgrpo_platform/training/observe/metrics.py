@@ -7,6 +7,8 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +64,22 @@ def _iteration(line: str) -> int:
         return 1 << 60  # a torn last line from a killed run is dropped
 
 
+EVAL_STATS = "eval_stats.jsonl"  # beside metrics.jsonl: each evaluation's standard errors and counts
+
+
+def stats_record(iteration: int, summary: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """One ``eval_stats.jsonl`` line: per metric its ``mean``, ``sem`` (None below two values) and ``n``.
+
+    Apart from ``metrics.jsonl``, whose evaluation records hold the means alone, so that file stays
+    what it always was (``tests/test_behaviour_record.py`` pins it to the bit).
+    """
+    stats = {
+        key: {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in values.items()}
+        for key, values in summary.items()
+    }
+    return {"iteration": iteration, "stats": stats}
+
+
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
@@ -101,35 +119,70 @@ def without_timing(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in r.items() if not is_timing(k)} for r in records]
 
 
-class Progress:
-    """A rich progress bar on a terminal, plain lines elsewhere, or nothing."""
+def clock_text(seconds: float) -> str:
+    """``H:MM:SS`` (``D days, H:MM:SS`` past a day): what a person reads in a log."""
+    return str(timedelta(seconds=max(0, round(seconds))))
 
-    def __init__(self, mode: str, total: int, start: int = 0) -> None:
+
+class Progress:
+    """A rich progress bar on a terminal, plain lines elsewhere (SLURM logs, pipes), or nothing.
+
+    The bar and the lines name the method (``label``: the surrogate's name). Plain lines end with the
+    elapsed time and an ETA from this process's pace, since a log file has no bar to show them.
+    """
+
+    def __init__(
+        self,
+        mode: str,
+        total: int,
+        start: int = 0,
+        label: str = "vgrpo",
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         if mode == "auto":
             mode = "rich" if sys.stdout.isatty() else "plain"
-        self.mode, self.total = mode, total
+        self.mode, self.total, self.start, self.label = mode, total, start, label
+        self._clock = clock
         self._bar = None
         if mode == "rich":
-            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+            from rich.markup import escape
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
             from rich.progress import Progress as RichProgress
 
             self._bar = RichProgress(
-                TextColumn("[bold]V-GRPO"),
+                TextColumn(f"[bold]{escape(label)}"),
                 BarColumn(),
                 MofNCompleteColumn(),
+                TimeElapsedColumn(),
                 TimeRemainingColumn(),
                 TextColumn("{task.fields[info]}"),
             )
             self._task = self._bar.add_task("train", total=total, completed=start, info="")
             self._bar.start()
-        self._t0 = time.perf_counter()
+        self._t0 = clock()
+
+    def timing(self, iteration: int) -> str:
+        """``elapsed H:MM:SS  ETA H:MM:SS``: the ETA at this process's pace so far (a resumed run's
+        earlier iterations are not in it)."""
+        elapsed = self._clock() - self._t0
+        done = iteration - self.start
+        text = f"elapsed {clock_text(elapsed)}"
+        if done > 0:
+            text += f"  ETA {clock_text(elapsed / done * max(0, self.total - iteration))}"
+        return text
 
     def update(self, iteration: int, info: dict[str, float]) -> None:
         text = "  ".join(f"{k} {v:.4g}" for k, v in info.items())
         if self._bar is not None:
             self._bar.update(self._task, completed=iteration, info=text)
         elif self.mode == "plain":
-            print(f"[{iteration}/{self.total}] {text}", flush=True)
+            print(f"{self.label} [{iteration}/{self.total}] {text}  | {self.timing(iteration)}", flush=True)
 
     def message(self, text: str) -> None:
         if self._bar is not None:

@@ -8,7 +8,9 @@ reaches every tracker. What this module adds around it:
 - the resolved recipe as the run's config, flattened to ``a.b.c`` scalars (TensorBoard's hparams
   and MLflow's params take nothing else);
 - every ``metrics.jsonl`` record at its iteration (evaluations under ``eval/``);
-- the evaluation grids as images (and, for audio, clips) where accelerate has no common call;
+- the evaluation grids as images (and, for audio, clips) where accelerate has no common call, and
+  beside each grid single samples captioned ``prompt | reward`` (as Flow-GRPO logs them), since a
+  grid's labels are too small to read in a tracker's thumbnail;
 - a resumed run continuing the same tracker run: the W&B run id and MLflow run id are kept in
   ``RUN_DIR/trackers.json``; TensorBoard keeps its folder and drops events after the checkpoint.
 """
@@ -26,6 +28,7 @@ STATE_FILE = "trackers.json"
 TENSORBOARD_DIR = "tensorboard"  # events in RUN_DIR/tensorboard/<log.project>/
 RECORD_PREFIX = {"train": "", "eval": "eval/"}  # metrics.jsonl kind -> tracker key prefix
 MAX_CLIPS = 4  # audio clips logged per evaluation (one per prompt)
+MAX_IMAGES = 16  # captioned single samples logged per evaluation (the first of each of the first prompts)
 
 
 def installed(name: str) -> bool:
@@ -152,19 +155,37 @@ class Tracking:
             self.accelerator.log(values, step=int(record["iteration"]))
 
     def log_samples(
-        self, iteration: int, grid: Path | None, samples: Any = None, group_size: int = 1
+        self,
+        iteration: int,
+        grid: Path | None,
+        samples: Any = None,
+        group_size: int = 1,
+        *,
+        prompts: Sequence[str] = (),
+        rewards: Sequence[float] = (),
     ) -> None:
-        """The evaluation's grid as an image (and, for audio, a clip of each first prompt) at ``iteration``.
+        """The evaluation's grid as an image (and, for audio, a clip of each first prompt) at ``iteration``,
+        and the first sample of each of the first prompts captioned ``prompt | reward`` (``prompts``: one
+        per prompt; ``rewards``: one per sample, the weighted total).
 
-        Video is logged as its grid of middle frames: TensorBoard's and W&B's video writers need moviepy.
+        TensorBoard gets the single samples as ``eval/sample_NN`` and their captions as the text
+        ``eval/sample_captions``; W&B a list of captioned ``wandb.Image`` (``eval/sample_images``); MLflow,
+        beside the grid, its layout JSON (each tile's prompt and rewards). Video is logged as middle
+        frames: TensorBoard's and W&B's video writers need moviepy.
         """
         if not self.started:
             return
         clips = _audio_clips(samples, group_size)
+        singles = sample_images(samples, group_size, prompts, rewards)
         if "tensorboard" in self.names:
             writer = self.accelerator.get_tracker("tensorboard", unwrap=True)
             if grid is not None:
                 writer.add_image("eval/samples", _pixels(grid), iteration, dataformats="HWC")
+            for i, (pixels, _) in enumerate(singles):
+                writer.add_image(f"eval/sample_{i:02d}", pixels, iteration, dataformats="HWC")
+            if singles:
+                lines = [f"sample_{i:02d}: {caption}" for i, (_, caption) in enumerate(singles)]
+                writer.add_text("eval/sample_captions", "  \n".join(lines), iteration)
             for i, (clip, rate) in enumerate(clips):
                 writer.add_audio(f"eval/clip_{i}", clip, iteration, sample_rate=rate)
             writer.flush()
@@ -176,12 +197,17 @@ class Tracking:
                 media["eval/samples"] = wandb.Image(
                     str(grid), caption=f"held-out prompts, iteration {iteration}"
                 )
+            if singles:
+                media["eval/sample_images"] = [wandb.Image(p, caption=c) for p, c in singles]
             if clips:
                 media["eval/clips"] = [wandb.Audio(c.numpy(), sample_rate=r) for c, r in clips]
             if media:
                 self.accelerator.get_tracker("wandb", unwrap=True).log(media, step=iteration)
         if "mlflow" in self.names and grid is not None:
-            self.accelerator.get_tracker("mlflow").log_artifact(str(grid), artifact_path="samples")
+            mlflow = self.accelerator.get_tracker("mlflow")
+            mlflow.log_artifact(str(grid), artifact_path="samples")
+            if grid.with_suffix(".json").is_file():
+                mlflow.log_artifact(str(grid.with_suffix(".json")), artifact_path="samples")
 
     def finish(self) -> None:
         """Close the tracker runs (not ``end_training``: that also ends the process group)."""
@@ -197,6 +223,31 @@ def _pixels(grid: Path) -> Any:
 
     with Image.open(grid) as image:
         return np.asarray(image.convert("RGB"))
+
+
+def caption(prompt: str, reward: float | None) -> str:
+    """``prompt | reward``, the prompt cut at 100 characters (Flow-GRPO's caption)."""
+    return f"{prompt[:100]} | {'–' if reward is None else f'{reward:.4g}'}"
+
+
+def sample_images(
+    samples: Any, group_size: int, prompts: Sequence[str], rewards: Sequence[float]
+) -> list[tuple[Any, str]]:
+    """``[(HWC uint8 pixels, "prompt | reward")]``: the first sample of each of the first ``MAX_IMAGES``
+    prompts (a video's middle frame); ``[]`` for samples that are not visual."""
+    if samples is None:
+        return []
+    from vgrpo_platform.training.observe.grids import frames_for_grid
+
+    frames = frames_for_grid(samples)  # [B, 3, H, W] in [0, 1], or None
+    if frames is None:
+        return []
+    out = []
+    for n, i in enumerate(list(range(0, len(frames), max(1, group_size)))[:MAX_IMAGES]):
+        pixels = (frames[i].detach().float().clamp(0, 1) * 255).round().byte().permute(1, 2, 0).cpu().numpy()
+        prompt = prompts[n] if n < len(prompts) else ""
+        out.append((pixels, caption(prompt, float(rewards[i]) if i < len(rewards) else None)))
+    return out
 
 
 def _audio_clips(samples: Any, group_size: int) -> list[tuple[Any, int]]:
