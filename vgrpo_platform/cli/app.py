@@ -360,7 +360,8 @@ def report(
     run_dir: Path = typer.Argument(..., help="A run directory: run.output_dir/run.name.", show_default=False),
     debug: bool = DebugOpt,
 ) -> None:
-    """Write RUN_DIR/report/index.html: reward and training curves, first vs last eval, sample grids."""
+    """Write RUN_DIR/report/index.html: reward and training curves, monitors, the evaluations (first,
+    peak and last, with standard errors) and sample grids."""
     with user_errors(debug):
         report_module = importlib.import_module("vgrpo_platform.cli.report")  # matplotlib, lazily
         index = report_module.write_report(run_dir)
