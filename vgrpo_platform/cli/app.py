@@ -114,7 +114,7 @@ def _root(
 
 # --------------------------------------------------------------------------- commands
 
-RecipeArg = typer.Argument(..., help="The recipe file (.toml).", show_default=False)
+RecipeArg = typer.Argument(..., help="The recipe file (.toml).", show_default=False, metavar="RECIPE")
 SetOpt = typer.Option(None, "--set", metavar="KEY=VALUE", help=SET_HELP, show_default=False)
 DebugOpt = typer.Option(False, "--debug", help=DEBUG_HELP)
 
@@ -357,7 +357,9 @@ def eval_command(
 
 @app.command()
 def report(
-    run_dir: Path = typer.Argument(..., help="A run directory: run.output_dir/run.name.", show_default=False),
+    run_dir: Path = typer.Argument(
+        ..., help="A run directory: run.output_dir/run.name.", show_default=False, metavar="RUN_DIR"
+    ),
     debug: bool = DebugOpt,
 ) -> None:
     """Write RUN_DIR/report/index.html: reward and training curves, monitors, the evaluations (first,
@@ -427,7 +429,9 @@ def plan(
 
 @app.command("serve-reward")
 def serve_reward(
-    name: str = typer.Argument(..., help="An installed reward (see `vgrpo plugins`).", show_default=False),
+    name: str = typer.Argument(
+        ..., help="An installed reward (see `vgrpo plugins`).", show_default=False, metavar="NAME"
+    ),
     option: list[str] | None = typer.Option(
         None,
         "--option",
@@ -469,7 +473,9 @@ new_app = typer.Typer(
     rich_markup_mode="markdown",
 )
 app.add_typer(new_app, name="new")
-NameArg = typer.Argument(..., help="Component name in recipes: lower-case, digits, '_'.", show_default=False)
+NameArg = typer.Argument(
+    ..., help="Component name in recipes: lower-case, digits, '_'.", show_default=False, metavar="NAME"
+)
 DirOpt = typer.Option(Path("."), "--dir", help="Folder to create the package in.")
 PackageOpt = typer.Option(None, "--package", help="Import name; default: vgrpo_NAME.", show_default=False)
 DistOpt = typer.Option(None, "--dist-name", help="pip name; default: vgrpo-NAME.", show_default=False)
