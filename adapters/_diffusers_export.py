@@ -18,6 +18,9 @@ from vgrpo_platform.finetune import uses_lora
 EXPORT_INFO = "vgrpo_export.json"
 """Written beside the exported weights: what they are and how to load them."""
 
+LORA_FILE = "pytorch_lora_weights.safetensors"
+"""diffusers' LoRA file name (what ``save_lora_weights`` writes and ``load_lora_weights`` looks for)."""
+
 
 def lora_layers(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The LoRA weights peft injected into ``module``, detached, copied to the CPU and contiguous
@@ -68,20 +71,31 @@ class TransformerExport:
         """Write the trained weights and ``vgrpo_export.json`` (what they are, how to load them)."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        base = base_model_name(self.pipe)
+        base = self._base_model()
         if uses_lora(self.denoiser):
             info = {"kind": "lora", "load": self._save_lora(out, base)}
         else:
-            self.denoiser.save_pretrained(out / "transformer")
+            self._save_full(out)
             info = {"kind": "full", "load": self._full_load_hint(out / "transformer")}
         info.update(base_model=base, **self._export_facts())
         write_export_info(out, info)
+
+    def _base_model(self) -> str:
+        """What the weights apply to (the model card's ``base_model``): the pipeline's hub id or folder."""
+        return base_model_name(self.pipe)
+
+    def _save_full(self, out: Path) -> None:
+        """Full fine-tuning: the trained transformer as ``out/transformer`` (``save_pretrained``)."""
+        self.denoiser.save_pretrained(out / "transformer")
 
     def _save_lora(self, out: Path, base: str) -> str:
         """Write the LoRA under ``out``; returns how to load it."""
         save_diffusers_lora(
             self.pipeline_class, out, lora_layers(self.denoiser), lora_metadata(self.denoiser)
         )
+        return self._lora_load_hint(out, base)
+
+    def _lora_load_hint(self, out: Path, base: str) -> str:
         return f"{self.pipeline_class.__name__}.from_pretrained('{base}').load_lora_weights('{out}')"
 
     def _full_load_hint(self, folder: Path) -> str:

@@ -165,11 +165,30 @@ def attach_trained_lora(
                 p.normal_(0, std, generator=torch.Generator().manual_seed(len(name)))
 
 
-def export_lora(adapter: Any, out: Path) -> str:
-    """Export the adapter's LoRA to ``out``: the diffusers weights file and the export note are there.
-    Returns the note's text."""
+def assert_diffusers_lora_file(folder: Path, *, rank: int, alpha: float, prefix: str = "transformer") -> None:
+    """``folder/pytorch_lora_weights.safetensors`` is in the layout diffusers' loaders read without guessing:
+    every key ``<prefix>.<module>.lora_A|lora_B.weight`` (no peft adapter name such as ``.default``,
+    which diffusers would not match, silently loading nothing), and the rank and alpha stored in its
+    ``lora_adapter_metadata`` (without them a loader guesses alpha = rank)."""
+    import json
+
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "pytorch_lora_weights.safetensors"), "pt") as f:
+        keys, header = list(f.keys()), f.metadata() or {}
+    assert keys and all(k.startswith(f"{prefix}.") for k in keys), keys[:3]
+    assert all(k.endswith((".lora_A.weight", ".lora_B.weight")) for k in keys), keys[:3]
+    assert not any(".default" in k for k in keys), keys[:3]
+    metadata = json.loads(header["lora_adapter_metadata"])
+    assert metadata[f"{prefix}.r"] == rank and metadata[f"{prefix}.lora_alpha"] == alpha
+
+
+def export_lora(adapter: Any, out: Path, rank: int = 4, alpha: float = 8) -> str:
+    """Export the adapter's LoRA (``attach_trained_lora``'s ``rank`` and ``alpha``) to ``out``: the
+    diffusers weights file, in diffusers' key layout with its rank and alpha, and the export note are
+    there. Returns the note's text."""
     adapter.export_trained(out)
-    assert (out / "pytorch_lora_weights.safetensors").is_file()
+    assert_diffusers_lora_file(out, rank=rank, alpha=alpha)
     return (out / EXPORT_INFO).read_text()
 
 

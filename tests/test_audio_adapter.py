@@ -6,6 +6,7 @@ other way round), soundfile reading back the WAV that ``write_samples`` writes, 
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from functools import partial
@@ -121,8 +122,25 @@ def test_recipe_runs_v_grpo_iterations_and_exports_a_lora(model_dir, tmp_path) -
     run_dir = trainer.run()
     records = checks.assert_trained(run_dir, 3)
     assert all(math.isfinite(rec["reward"]) for rec in records)
-    checks.assert_lora_moved(trainer.session.adapter)
-    assert (run_dir / "final" / "transformer_lora.safetensors").is_file()
+    adapter = trainer.session.adapter
+    checks.assert_lora_moved(adapter)
+    # the pipeline (and its transformer) has no diffusers LoRA loader: peft loads the export, as documented
+    final, lora = run_dir / "final", resolved.recipe.train
+    fresh = checks.adapter_from_config(LongCatAudioAdapter, config(model_dir, cfg_scale=1.0))
+
+    def load() -> None:
+        from peft import LoraConfig, inject_adapter_in_model, set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        config = json.loads((final / "transformer_lora_config.json").read_text())
+        assert (config["r"], config["lora_alpha"]) == (lora.lora_rank, lora.lora_alpha)  # nothing guessed
+        inject_adapter_in_model(LoraConfig(**config), fresh.denoiser)
+        loaded = set_peft_model_state_dict(fresh.denoiser, load_file(final / "transformer_lora.safetensors"))
+        assert not loaded.unexpected_keys
+
+    z, t = noise(2, seed=5), torch.tensor([0.3, 0.8])
+    cond = adapter.encode_prompts(["a dog barking", "rain"])
+    checks.assert_reload_matches(adapter, fresh, load, z, t, cond, atol=1e-6, rtol=1e-5)
 
 
 def test_shipped_recipe_passes_check_with_the_audio_rewards() -> None:

@@ -5,13 +5,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
+import adapter_checks as checks
 import numpy as np
 import pytest
 import torch
 from typer.testing import CliRunner
 from vgrpo_adapters import shapes as shapes_entry
+from vgrpo_adapters._diffusers_export import LORA_FILE
 from vgrpo_adapters.shapes import WEIGHTS_DIR, Config
 from vgrpo_adapters.shapes.pretrain import (
     EVAL_SAMPLER,
@@ -90,6 +93,25 @@ def test_model_path_is_resolved_against_the_recipe_folder(tmp_path: Path) -> Non
     assert model_folder(cfg, BuildContext(recipe_dir=tmp_path)) == tmp_path / "my_model"
     with pytest.raises(FileNotFoundError):
         registry().build("adapter", "shapes", {"model_path": str(tmp_path / "missing")}, BuildContext())
+
+
+def test_lora_export_loads_into_a_plain_sd3_transformer_with_the_trained_velocities(tmp_path: Path) -> None:
+    """The shapes model's LoRA export, loaded by diffusers' own ``load_lora_adapter`` into a plain
+    ``SD3Transformer2DModel`` of the shipped weights, predicts the trained velocities (rank and alpha from
+    the file's metadata), not the base model's."""
+    from diffusers import SD3Transformer2DModel
+
+    trained = ToyAdapter.load(WEIGHTS_DIR)
+    checks.attach_trained_lora(trained)
+    assert "load_lora_adapter" in checks.export_lora(trained, tmp_path / "final")
+    transformer = SD3Transformer2DModel.from_pretrained(WEIGHTS_DIR / "transformer")
+    fresh = ToyAdapter(transformer, trained.text_encoder, trained.tokenizer)
+    load = partial(transformer.load_lora_adapter, tmp_path / "final", weight_name=LORA_FILE)
+    z = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    cond = trained.encode_prompts(SINGLES[:2])
+    checks.assert_reload_matches(
+        trained, fresh, load, z, torch.tensor([0.3, 0.8]), cond, atol=1e-6, rtol=1e-5
+    )
 
 
 def test_every_world_word_is_one_token_and_no_prompt_is_truncated(adapter) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -92,6 +93,25 @@ def test_save_and_reload_gives_identical_predictions(adapter, cond, tmp_path) ->
     z, t = noise(len(PROMPTS)), torch.tensor([0.1, 0.4, 0.7, 1.0])
     with torch.no_grad():
         assert torch.equal(adapter.predict(z, t, cond), reloaded.predict(z, t, cond2))
+
+
+def test_full_finetune_export_is_a_model_folder_that_predicts_as_trained(model_dir, cond, tmp_path) -> None:
+    """Full fine-tuning exports a whole toy model folder: ``model_path`` loads the trained model from it."""
+    from vgrpo_platform.finetune import enable_full_finetune
+
+    trained = ToyAdapter.load(model_dir)
+    enable_full_finetune(trained.denoiser)
+    with torch.no_grad():
+        trained.denoiser.proj_out.weight.add_(0.1)
+    trained.export_trained(tmp_path / "final")
+    assert json.loads((tmp_path / "final" / "vgrpo_export.json").read_text())["kind"] == "full"
+    reloaded = ToyAdapter.from_config(ToyAdapterConfig(model_path=str(tmp_path / "final")), BuildContext())
+    z, t = noise(len(PROMPTS)), torch.tensor([0.1, 0.4, 0.7, 1.0])
+    with torch.no_grad():
+        base = ToyAdapter.load(model_dir).predict(z, t, cond)
+        expected = trained.predict(z, t, cond)
+        assert (expected - base).abs().max() > 1e-3
+        assert torch.equal(reloaded.predict(z, t, cond), expected)
 
 
 def test_build_is_deterministic_and_seeded(adapter, tmp_path) -> None:

@@ -210,6 +210,8 @@ def test_lora_export_loads_with_diffusers_and_generates_the_same(model_dir, tmp_
     assert info["kind"] == "lora" and sorted(info["trained_experts"]) == sorted(chosen)
     for name, folder in folders.items():
         assert (folder / "pytorch_lora_weights.safetensors").is_file() == (name in chosen)
+        if name in chosen:
+            checks.assert_diffusers_lora_file(folder, rank=4, alpha=8)
     z = noise(1, seed=3)
     with torch.no_grad():
         clip = ours.decode(

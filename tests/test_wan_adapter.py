@@ -135,8 +135,14 @@ def test_recipe_runs_v_grpo_iterations_and_exports_a_lora(model_dir, tmp_path) -
     checks.assert_trained(run_dir, 4)
     # the random tiny VAE decodes nearly uniform frames, so brightness barely varies: check that the
     # policy moved (LoRA B matrices start at zero) rather than the reward's direction
-    checks.assert_lora_moved(trainer.session.adapter)
-    assert (run_dir / "final" / "pytorch_lora_weights.safetensors").is_file()
+    adapter = trainer.session.adapter
+    checks.assert_lora_moved(adapter)
+    lora = resolved.recipe.train
+    checks.assert_diffusers_lora_file(run_dir / "final", rank=lora.lora_rank, alpha=lora.lora_alpha)
+    fresh = checks.adapter_from_config(WanAdapter, config(model_dir, cfg_scale=1.0))
+    load = partial(fresh.pipe.load_lora_weights, run_dir / "final")
+    z, t, cond = noise(2, seed=5), torch.tensor([0.3, 0.8]), adapter.encode_prompts(["a red cat", "a dog"])
+    checks.assert_reload_matches(adapter, fresh, load, z, t, cond, atol=1e-6, rtol=1e-5, moved=1e-4)
 
 
 def test_shipped_recipe_passes_check_with_the_video_rewards() -> None:

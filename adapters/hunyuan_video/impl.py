@@ -22,12 +22,11 @@ from diffusers import HunyuanVideo15Pipeline
 from diffusers.loaders import HunyuanVideoLoraLoaderMixin
 from vgrpo_adapters._diffusers_cfg import TrueCFGMixin
 from vgrpo_adapters._diffusers_common import JOINT_ATTENTION, lora_targets_but_last_block, static_shift
-from vgrpo_adapters._diffusers_export import lora_layers, lora_metadata, save_diffusers_lora
+from vgrpo_adapters._diffusers_export import LORA_FILE, lora_layers, lora_metadata, save_diffusers_lora
 from vgrpo_adapters._diffusers_video import DiffusersVideoAdapter
 
 from vgrpo_platform.protocols import Conditioning
 
-LORA_FILE = "pytorch_lora_weights.safetensors"
 TIMESTEP_SCALE = 1000.0
 """The pipeline feeds the scheduler's timesteps, ``1000 sigma``, to the transformer."""
 

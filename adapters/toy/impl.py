@@ -1,6 +1,12 @@
 """The ``toy`` adapter: a pixel-space text-to-image rectified-flow model small enough for CPU tests.
 
 Latents are the images themselves, ``[B, 3, R, R]`` in ``[-1, 1]``; ``decode`` only rescales them.
+
+Export (``export_trained``, shared with the ``shapes`` adapter): a LoRA is written in SD3's diffusers
+layout (``pytorch_lora_weights.safetensors``, ``transformer.``-prefixed keys, rank and alpha in its
+metadata) and loads into a plain ``SD3Transformer2DModel`` with ``load_lora_adapter``; full fine-tuning
+writes a whole model folder (``transformer/``, ``text_encoder/``, ``tokenizer/``) that
+``adapter.options.model_path`` loads. There is no SD3 pipeline of the toy model (no VAE, one text encoder).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from typing import Any
 import torch
 from diffusers import SD3Transformer2DModel
 from transformers import CLIPTextModelWithProjection, CLIPTokenizer
+from vgrpo_adapters._diffusers_export import LORA_FILE, TransformerExport
 from vgrpo_adapters.toy import ToyAdapterConfig
 from vgrpo_adapters.toy.build import build_toy_model, is_built
 
@@ -26,7 +33,7 @@ TIMESTEP_SCALE = 1000.0
 HEAD_DIM, TEXT_DIM, MAX_PROMPT_TOKENS = 16, 32, 32  # fixed sizes of a built toy model
 
 
-class ToyAdapter(CoreCalledAdapter):
+class ToyAdapter(CoreCalledAdapter, TransformerExport):
     """SD3 MMDiT (trained) + CLIP text encoder (frozen) + byte-level CLIP tokenizer."""
 
     modality = "image"
@@ -40,6 +47,7 @@ class ToyAdapter(CoreCalledAdapter):
         resolution: int | None = None,
         shift: float = 1.0,
         owned_dir: tempfile.TemporaryDirectory | None = None,
+        model_folder: str | Path | None = None,
     ) -> None:
         cfg = transformer.config
         if cfg.in_channels != 3 or (cfg.out_channels or cfg.in_channels) != 3:
@@ -63,6 +71,7 @@ class ToyAdapter(CoreCalledAdapter):
         self.dtype = transformer.dtype
         self.max_prompt_tokens = min(tokenizer.model_max_length, text_encoder.config.max_position_embeddings)
         self._owned_dir = owned_dir  # a temporary build folder lives as long as the adapter
+        self.model_folder = model_folder  # where it was loaded from: the export's base model
 
     @classmethod
     def load(
@@ -91,6 +100,7 @@ class ToyAdapter(CoreCalledAdapter):
             resolution=resolution,
             shift=shift,
             owned_dir=owned_dir,
+            model_folder=path,
         )
 
     @classmethod
@@ -162,3 +172,30 @@ class ToyAdapter(CoreCalledAdapter):
     def decode(self, latents: torch.Tensor) -> Samples:
         """``[-1, 1]`` pixels -> ``[0, 1]`` images ``[B, 3, R, R]`` (float32, clamped)."""
         return Samples("image", ((latents.float() + 1) / 2).clamp(0, 1))
+
+    # ------------------------------------------------------------------------------------ export
+    @property
+    def pipeline_class(self) -> type:
+        """Only the LoRA saver (``save_lora_weights`` is a classmethod): SD3's layout; nothing is built."""
+        from diffusers import StableDiffusion3Pipeline
+
+        return StableDiffusion3Pipeline
+
+    def _base_model(self) -> str:
+        return str(self.model_folder) if self.model_folder is not None else "<toy model folder>"
+
+    def _lora_load_hint(self, out: Path, base: str) -> str:
+        # weight_name: with a file path instead, diffusers drops the metadata and guesses alpha = rank
+        return (
+            f"SD3Transformer2DModel.from_pretrained('{base}/transformer')"
+            f".load_lora_adapter('{out}', weight_name='{LORA_FILE}')"
+        )
+
+    def _save_full(self, out: Path) -> None:
+        """A whole model folder, so ``adapter.options.model_path`` can point at the export."""
+        self.denoiser.save_pretrained(out / "transformer")
+        self.text_encoder.save_pretrained(out / "text_encoder")
+        self.tokenizer.save_pretrained(out / "tokenizer")
+
+    def _full_load_hint(self, folder: Path) -> str:
+        return f"[adapter.options] model_path = '{folder.parent}' (or ToyAdapter.load('{folder.parent}'))"
