@@ -7,19 +7,15 @@ only what differs: which LoRA saver and load hint (``_save_lora``), and which fa
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from vgrpo_platform.finetune import uses_lora
-
-EXPORT_INFO = "vgrpo_export.json"
-"""Written beside the exported weights: what they are and how to load them."""
-
-LORA_FILE = "pytorch_lora_weights.safetensors"
-"""diffusers' LoRA file name (what ``save_lora_weights`` writes and ``load_lora_weights`` looks for)."""
+from vgrpo_platform.finetune import lora_config, uses_lora
+from vgrpo_platform.lora_files import EXPORT_INFO as EXPORT_INFO  # re-exported: adapters import it here
+from vgrpo_platform.lora_files import LORA_FILE as LORA_FILE
+from vgrpo_platform.lora_files import write_export_info as write_export_info
 
 
 def lora_layers(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -33,8 +29,8 @@ def lora_layers(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def lora_metadata(module: torch.nn.Module) -> dict[str, Any] | None:
     """The default adapter's ``LoraConfig`` as a dict (rank, alpha, targets), or None without one."""
-    peft_config = getattr(module, "peft_config", {}).get("default")
-    return peft_config.to_dict() if peft_config is not None else None
+    config = lora_config(module)
+    return config.to_dict() if config is not None else None
 
 
 def save_diffusers_lora(
@@ -47,10 +43,6 @@ def save_diffusers_lora(
 def base_model_name(pipe: Any) -> str:
     """What the exported weights apply to: the pipeline's hub id or folder, when it knows it."""
     return getattr(pipe, "name_or_path", None) or "<base model>"
-
-
-def write_export_info(out: Path, info: dict[str, Any]) -> None:
-    (out / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n")
 
 
 class TransformerExport:

@@ -46,8 +46,18 @@ def test_recipe_trains_on_half_the_heldout_compositions_and_evaluates_on_the_oth
     assert r.eval.max_prompts >= len(evaluation) and r.eval.samples_per_prompt * len(evaluation) >= 756
 
 
-def test_short_quickstart_runs_end_to_end(tmp_path: Path) -> None:
-    from vgrpo_platform.training.loop import run
+def test_short_quickstart_runs_end_to_end_and_exports_a_lora_diffusers_loads(tmp_path: Path) -> None:
+    """A short quickstart run; its ``final/`` LoRA, loaded by diffusers' own ``load_lora_adapter`` into a
+    plain ``SD3Transformer2DModel`` of the shipped weights, gives the velocities the run served (its moving
+    average) at the end, not the base model's."""
+    import torch
+    from diffusers import SD3Transformer2DModel
+    from vgrpo_adapters.shapes import WEIGHTS_DIR
+    from vgrpo_adapters.toy.impl import ToyAdapter
+
+    from vgrpo_platform.finetune import reference_mode
+    from vgrpo_platform.lora_files import LORA_FILE
+    from vgrpo_platform.training.loop import Trainer
 
     resolved = resolve(
         "train.iterations=2",
@@ -58,13 +68,28 @@ def test_short_quickstart_runs_end_to_end(tmp_path: Path) -> None:
         "log.progress=none",
         f"run.output_dir={tmp_path}",
     )
-    run_dir = run(resolved)
+    trainer = Trainer(resolved)
+    run_dir = trainer.run()
     evals = eval_records(run_dir)
     assert [e["iteration"] for e in evals] == [0, 2]
     for e in evals:
         assert 0 <= e["detail/shapes/correct"] <= 1
     assert (run_dir / "samples").is_dir() and any((run_dir / "checkpoints").iterdir())
     assert (run_dir / "samples" / "before_after.png").is_file()  # same prompts and seeds, before | after
+
+    policy = trainer.session.adapter
+    z = torch.randn(2, *policy.latent_shape(), generator=torch.Generator().manual_seed(0))
+    t, cond = torch.tensor([0.3, 0.8]), policy.encode_prompts(resolved.eval_prompts[:2])
+    with torch.no_grad(), trainer.average.applied(trainer.session.trainable):
+        served = policy.predict(z, t, cond)
+        with reference_mode(policy):
+            base = policy.predict(z, t, cond)
+    transformer = SD3Transformer2DModel.from_pretrained(WEIGHTS_DIR / "transformer")
+    transformer.load_lora_adapter(run_dir / "final", weight_name=LORA_FILE)  # rank, alpha: the file's
+    with torch.no_grad():
+        loaded = ToyAdapter(transformer, policy.text_encoder, policy.tokenizer, shift=3.0).predict(z, t, cond)
+    assert (served - base).abs().max() > 1e-3  # two iterations moved the policy
+    torch.testing.assert_close(loaded, served, atol=1e-5, rtol=1e-5)
 
 
 TUNING_SEEDS = (0, 1, 2)  # the recipe was chosen on these; the README also reports seeds 3 and 4

@@ -32,5 +32,9 @@ class RewardError(VgrpoError):
     """A reward returned NaN, the wrong shape, or raised while scoring."""
 
 
+class HubError(VgrpoError):
+    """The Hugging Face Hub refused or failed an upload (``vgrpo push``)."""
+
+
 class TrackerError(VgrpoError):
     """An experiment tracker (``log.trackers``) is not installed or failed to start."""

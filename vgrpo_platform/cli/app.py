@@ -370,6 +370,52 @@ def report(
     typer.echo(str(index))
 
 
+@app.command("export")
+def export_command(
+    recipe: Path = RecipeArg,
+    checkpoint: Path | None = typer.Option(
+        None,
+        "--checkpoint",
+        help="A run directory or a checkpoints/iter_* folder; default: the recipe's run.",
+    ),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        help="Folder to write; default: RUN/final (RUN/final_iter_NNNNNN for a named checkpoint).",
+    ),
+    overrides: list[str] | None = SetOpt,
+    debug: bool = DebugOpt,
+) -> None:
+    """Write a run's checkpoint as a loadable export: weights, vgrpo_export.json and a model card.
+
+    What every run writes to RUN/final at its end, for older runs or another checkpoint.
+    """
+    with user_errors(debug):
+        resolved = _resolve(recipe, overrides)
+        publish = importlib.import_module("vgrpo_platform.cli.publish")  # heavy: torch, models
+        typer.echo(str(publish.export_checkpoint(resolved, checkpoint=checkpoint, out=out)))
+
+
+@app.command()
+def push(
+    run_dir: Path = typer.Argument(
+        ..., help="A run directory (its final/) or an export folder.", show_default=False
+    ),
+    repo_id: str = typer.Option(
+        ..., "--repo-id", help="The Hub model repo, e.g. you/shapes-lora (created if missing)."
+    ),
+    to_folder: Path | None = typer.Option(
+        None, "--to-folder", help="Copy what would be uploaded into this folder instead (no network)."
+    ),
+    private: bool = typer.Option(False, "--private", help="Create the repo private."),
+    debug: bool = DebugOpt,
+) -> None:
+    """Upload a run's export (weights and model card) to the Hugging Face Hub."""
+    with user_errors(debug):
+        publish = importlib.import_module("vgrpo_platform.cli.publish")
+        typer.echo(publish.push(run_dir, repo_id, to_folder=to_folder, private=private))
+
+
 ACCELERATE_DIR = Path(__file__).resolve().parents[2] / "recipes" / "accelerate"
 
 

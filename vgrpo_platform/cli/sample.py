@@ -26,7 +26,7 @@ from vgrpo_platform.training.recovery.recipe_changes import Change, listed, mode
 from vgrpo_platform.training.session import Session, build_session, fingerprint, resolve_device
 
 
-def _resolve_checkpoint(checkpoint: str | Path | None) -> Checkpoint | None:
+def resolve_checkpoint(checkpoint: str | Path | None) -> Checkpoint | None:
     """The checkpoint ``--checkpoint`` names; a folder that is none says what it lacks."""
     if checkpoint is None:
         return None
@@ -58,7 +58,7 @@ def _resolve_checkpoint(checkpoint: str | Path | None) -> Checkpoint | None:
     return load_checkpoint(path)
 
 
-def _check_fit(resolved: ResolvedRecipe, ckpt: Checkpoint) -> list[Change] | None:
+def check_fit(resolved: ResolvedRecipe, ckpt: Checkpoint) -> list[Change] | None:
     """Compare the checkpoint's fingerprint with the recipe's before any model loads: another adapter or
     LoRA setup stops here, naming the keys; other adapter options (guidance, resolution) get a note and
     the weights are loaded if they fit. Returns the model keys that differ (``None``: unknown)."""
@@ -81,12 +81,15 @@ def _check_fit(resolved: ResolvedRecipe, ckpt: Checkpoint) -> list[Change] | Non
     return differ
 
 
-def _load_weights(session: Session, ckpt: Checkpoint, differ: list[Change] | None) -> None:
-    """Copy the served weights in; names or shapes that do not match are one error naming the cause."""
+def load_weights(
+    trainable: dict[str, torch.nn.Parameter], ckpt: Checkpoint, differ: list[Change] | None
+) -> None:
+    """Copy the served weights in (``vgrpo sample``, ``vgrpo eval``, ``vgrpo export``); names or shapes that
+    do not match are one error naming the cause."""
     weights = ckpt.served_weights
-    missing = set(session.trainable) - set(weights)
-    extra = set(weights) - set(session.trainable)
-    shaped = [k for k, p in session.trainable.items() if k in weights and weights[k].shape != p.shape]
+    missing = set(trainable) - set(weights)
+    extra = set(weights) - set(trainable)
+    shaped = [k for k, p in trainable.items() if k in weights and weights[k].shape != p.shape]
     if missing or extra or shaped:
         why = f"; the run's recipe differs in {listed(differ)}" if differ else ""
         raise CheckpointError(
@@ -94,7 +97,7 @@ def _load_weights(session: Session, ckpt: Checkpoint, differ: list[Change] | Non
             f"{len(extra)} with no place in it, {len(shaped)} of another shape{why}); use the recipe the "
             "run was trained with"
         )
-    for name, p in session.trainable.items():
+    for name, p in trainable.items():
         p.copy_(weights[name].to(p.device, p.dtype))
 
 
@@ -111,11 +114,11 @@ def trained_session(
     evaluated and exported. The checkpoint is read and its fingerprint checked first, so a wrong path or
     another model's checkpoint fails before any model loads.
     """
-    ckpt = _resolve_checkpoint(checkpoint)
-    differ = _check_fit(resolved, ckpt) if ckpt is not None else []
+    ckpt = resolve_checkpoint(checkpoint)
+    differ = check_fit(resolved, ckpt) if ckpt is not None else []
     session = build_session(resolved, context)
     if ckpt is not None:
-        _load_weights(session, ckpt, differ)
+        load_weights(session.trainable, ckpt, differ)
     session.adapter.denoiser.eval()
     return session, ckpt
 

@@ -359,6 +359,28 @@ def _check_parallel(recipe: Recipe, prefix: str) -> None:
         )
 
 
+HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # owner/name
+
+
+def _resolve_init_lora(recipe: Recipe, recipe_dir: Path, prefix: str) -> None:
+    """``train.init_lora`` made absolute when it names a file or folder (relative to the recipe's folder),
+    so the saved recipe finds it from anywhere; a path that exists nowhere and cannot be a Hub repo id
+    is an error now, before any model loads."""
+    source = recipe.train.init_lora
+    if source is None:
+        return
+    path = Path(source).expanduser()
+    local = path if path.is_absolute() else recipe_dir / path
+    if local.exists():
+        recipe.train.init_lora = str(local.resolve())
+    elif path.is_absolute() or source.startswith(".") or not HUB_REPO_ID.match(source):
+        raise RecipeError(
+            f"{prefix}train.init_lora: '{local}' does not exist (relative paths are resolved against the "
+            "recipe's folder); give a LoRA folder such as a run's final/, a .safetensors file, or a Hub "
+            "repo id 'owner/name'"
+        )
+
+
 def _resolve_backend(
     registry: ComponentRegistry, recipe: Recipe, surrogate: ResolvedComponent, source: str | None
 ) -> ResolvedComponent | None:
@@ -445,6 +467,7 @@ def validate_components(
     _check_monitor(recipe, [r.key for r in rewards], [r.key for r in eval_rewards], prefix)
     _check_scoring(recipe, prefix)
     _check_parallel(recipe, prefix)
+    _resolve_init_lora(recipe, recipe_dir, prefix)
     backend = _resolve_backend(registry, recipe, surrogate, source)
 
     try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class Section(BaseModel):
@@ -90,6 +90,9 @@ class TrainSection(Section):
     lora_rank: int = Field(8, ge=1)
     lora_alpha: float = 16.0
     lora_targets: list[str] | None = None  # None = the adapter's defaults
+    # start from an existing diffusers-format LoRA (a folder such as a run's final/, a .safetensors file,
+    # or a Hub repo id): its own rank, alpha and targets replace the three keys above (finetune.py)
+    init_lora: str | None = None
     gradient_checkpointing: bool = False
     # speed switches of the denoiser itself (vgrpo_platform/kernels.py), for rollouts and training alike:
     # "blocks" = torch.compile on each repeated transformer block (diffusers' regional compilation)
@@ -108,6 +111,12 @@ class TrainSection(Section):
         from vgrpo_platform.kernels import check_attention_backend  # diffusers' own list, as installed
 
         return None if name is None else check_attention_backend(name)
+
+    @model_validator(mode="after")
+    def _init_lora_is_a_lora(self) -> TrainSection:
+        if self.init_lora is not None and self.finetune != "lora":
+            raise ValueError("train.init_lora starts a LoRA: set train.finetune = 'lora' or remove init_lora")
+        return self
 
 
 class ScoringSection(Section):

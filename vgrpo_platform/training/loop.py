@@ -42,11 +42,13 @@ from vgrpo_platform.algo.grpo import compute_advantages
 from vgrpo_platform.config.recipe import ResolvedRecipe, save_resolved
 from vgrpo_platform.config.schema import Recipe
 from vgrpo_platform.errors import RecipeError, RewardError, VgrpoError
+from vgrpo_platform.lora_files import FINAL
 from vgrpo_platform.network import denoiser_call_of
 from vgrpo_platform.parallel import context_parallel, sharded_state
 from vgrpo_platform.parallel import data_parallel as dp
 from vgrpo_platform.protocols import BatchState, BuildContext, RolloutBatch, SamplerSpec
 from vgrpo_platform.rollout_backends.in_process import InProcessBackend
+from vgrpo_platform.training.export import export_policy
 from vgrpo_platform.training.iteration.clock import StageClock
 from vgrpo_platform.training.iteration.ema import served
 from vgrpo_platform.training.iteration.prompts import PromptSampler
@@ -356,18 +358,16 @@ class Trainer:
             self.tracking.log_record(record)
 
     def _export(self) -> None:
-        """The adapter's export of the trained model (the served weights), gathered; one process writes."""
+        """``RUN/final``: the served weights, gathered, in the model family's format, with the export note
+        and the model card (``export.py``); one process writes."""
         if self.update.routed is not None:
             self.update.routed.restore()
-        export = getattr(self.session.adapter, "export_trained", None)
-        if export is None:
-            return
         with (
             served(self.average, self.session.trainable),
             sharded_state.unsharded(self.session.adapter.denoiser),
         ):
             if self.accelerator.is_main_process:
-                export(self.run_dir / "final")
+                export_policy(self.session.adapter, self.run_dir / FINAL, self.run_dir, self.recipe)
 
     def iterate(self, iteration: int) -> dict[str, float]:
         """One V-GRPO iteration, its steps in order; returns its metrics record."""

@@ -136,8 +136,10 @@ def build_session(
 def fingerprint(recipe: Recipe) -> str:
     """What must match for a checkpoint's weights to fit this recipe's model."""
     t = recipe.train
-    key = {
+    key: dict[str, Any] = {
         "adapter": recipe.adapter.model_dump(),
         "finetune": [t.finetune, t.lora_rank, t.lora_alpha, t.lora_targets],
     }
+    if t.init_lora is not None:  # its rank and targets shape the weights (absent: older runs' hash unchanged)
+        key["init_lora"] = t.init_lora
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -23,7 +23,14 @@ from vgrpo_platform.config.schema import Recipe
 from vgrpo_platform.errors import CheckpointError, RecipeError, VgrpoError
 from vgrpo_platform.training.session import run_dir_of
 
-MODEL_KEYS = ("adapter", "train.finetune", "train.lora_rank", "train.lora_alpha", "train.lora_targets")
+MODEL_KEYS = (
+    "adapter",
+    "train.finetune",
+    "train.lora_rank",
+    "train.lora_alpha",
+    "train.lora_targets",
+    "train.init_lora",  # the LoRA's rank, alpha and targets come from its file
+)
 """The recipe keys ``session.fingerprint`` hashes: what a checkpoint's weights were trained for."""
 
 LOAD_KEYS = ("adapter.name", *MODEL_KEYS[1:])
