@@ -73,7 +73,8 @@ class Adapter(Protocol):
 
     Optional: ``export_trained(out_dir: pathlib.Path) -> None``. When present, the core calls it at
     the end of a run to write the trained weights in the model family's own format (for example a
-    LoRA that diffusers' ``pipe.load_lora_weights()`` accepts) into ``RUN_DIR/final``.
+    LoRA that diffusers' ``pipe.load_lora_weights()`` accepts) into ``RUN_DIR/final``; without it the
+    core writes its own (``finetune.export_trainable``). Either way the core adds the model card.
     """
 
     modality: str
