@@ -140,7 +140,8 @@ def test_vgrpo_export_refuses_a_folder_that_is_not_an_export(trained, tmp_path) 
     from vgrpo_platform.cli.publish import export_checkpoint
 
     (tmp_path / "notes.txt").write_text("mine")
-    resolved = resolve_recipe(TOY, toy_overrides(trained["run_dir"].parent, "first"))
+    overrides = toy_overrides(trained["run_dir"].parent, "first", "train.lora_rank=4", "train.lora_alpha=8")
+    resolved = resolve_recipe(TOY, overrides)
     with pytest.raises(CheckpointError, match="is not a vgrpo export"):
         export_checkpoint(resolved, out=tmp_path)
     assert (tmp_path / "notes.txt").read_text() == "mine"
