@@ -399,7 +399,7 @@ def export_command(
 @app.command()
 def push(
     run_dir: Path = typer.Argument(
-        ..., help="A run directory (its final/) or an export folder.", show_default=False
+        ..., help="A run directory (its final/) or an export folder.", show_default=False, metavar="RUN_DIR"
     ),
     repo_id: str = typer.Option(
         ..., "--repo-id", help="The Hub model repo, e.g. you/shapes-lora (created if missing)."
