@@ -104,6 +104,8 @@ def test_the_model_card_reports_the_runs_evaluations_and_how_to_load(trained) ->
     before, after = first["reward"], last["reward"]
     assert f"| `reward` | {before:.4f} | {after:.4f} | {after - before:+.4f} |" in card.text
     assert "load_lora_adapter" in card.text and "train.ema_decay = 0.5" in card.text
+    final = run_dir.resolve() / "final"  # where the export lay here means nothing where the card is read
+    assert str(final) not in card.text and "load_lora_adapter('path/to/this/folder'" in card.text
     assert "LoRA (rank 4, alpha 8)" in card.text
 
 

@@ -38,7 +38,8 @@ def write_model_card(out: Path, run_dir: Path, recipe: Recipe, *, modality: str)
         pipeline_tag=task,
         tags=[*tags, recipe.adapter.name, *([task] if task else [])],
     )
-    sections = [_title(recipe, base, info), _results(run_dir), _how_to_load(info), _training(recipe, run_dir)]
+    sections = [_title(recipe, base, info), _results(run_dir), _how_to_load(info, out)]
+    sections.append(_training(recipe, run_dir))
     card = ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n\n".join(sections) + "\n")
     path = out / README
     card.save(path)
@@ -102,11 +103,20 @@ def _eval_report(path: Path, run_dir: Path) -> str:
     )
 
 
-def _how_to_load(info: dict[str, Any]) -> str:
+# the card travels (vgrpo push): where the export lay on the machine that wrote it means nothing elsewhere
+THIS_FOLDER = "path/to/this/folder"
+
+
+def _how_to_load(info: dict[str, Any], out: Path) -> str:
     load = info.get("load")
     if not load:
         return "## How to load\n\nThis folder holds the run's exported weights."
-    text = f"## How to load\n\n```python\n{load}\n```"
+    for written in sorted({str(out.resolve()), str(out)}, key=len, reverse=True):
+        load = str(load).replace(written, THIS_FOLDER)
+    text = (
+        f"## How to load\n\n`{THIS_FOLDER}`: a copy of this folder (`huggingface_hub.snapshot_download` of "
+        f"its repo).\n\n```python\n{load}\n```"
+    )
     if info.get("kind") == "lora":
         text += (
             "\n\nRank and alpha are stored in the LoRA file's metadata: load the folder (with "
