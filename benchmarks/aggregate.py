@@ -2,10 +2,11 @@
 
 Every figure of a seed comes from its run's records (``records.py``): the held-out reward (and the world's
 detail metric) at the start and the end, and the iterations, gradient steps, NFE and wall-clock
-seconds at the first evaluation that reaches the target. Wall-clock is the method's own: the sum of
-each iteration's rollout, reward and training seconds, so evaluations and diagnostics (the same for
-every method, and not its cost) stay out of it. Over seeds each figure gets its mean and
-the half-width of a two-sided 95% Student-t interval, ``t_{0.975, n-1} s / sqrt(n)`` with the
+seconds at the first evaluation that reaches the target: the first at or above it whose next
+evaluation is too (``first_held``; a crossing that falls back does not count). Wall-clock is the
+method's own: the sum of each iteration's rollout, reward and training seconds, so evaluations and
+diagnostics (the same for every method, and not its cost) stay out of it. Over seeds each figure gets
+its mean and the half-width of a two-sided 95% Student-t interval, ``t_{0.975, n-1} s / sqrt(n)`` with the
 sample standard deviation ``s`` (ddof 1): with 3 seeds that is 2.48 s, not the normal 1.13 s.
 A to-target figure has a mean only when every seed reached the target (``reached`` counts them).
 """
@@ -76,9 +77,7 @@ def seed_figures(
     for key in DIAGNOSTICS:
         vals = [r[key] for r in trains if key in r and math.isfinite(r[key])]
         figures[key] = sum(vals) / len(vals) if vals else None
-    reached = None
-    if target is not None:
-        reached = next((r for r in evals if r.get(target_metric, -math.inf) >= target), None)
+    reached = first_held(evals, target_metric, target) if target is not None else None
     figures["reached"] = reached is not None
     it = reached["iteration"] if reached else None
     figures["iterations_to_target"] = it
@@ -99,6 +98,17 @@ def seed_figures(
         for r in evals
     ]
     return figures
+
+
+def first_held(evals: list[dict[str, Any]], metric: str, target: float) -> dict[str, Any] | None:
+    """The first evaluation at or above ``target`` whose next evaluation is too: the target *held*.
+
+    A crossing that falls back at the next evaluation is noise, not reaching, and a crossing at the
+    last evaluation has nothing after it to hold, so neither counts (before 2026-12-06 the first
+    crossing did). The run's cost to the target is counted up to this first evaluation of the two.
+    """
+    above = [r.get(metric, -math.inf) >= target for r in evals]
+    return next((evals[i] for i in range(len(evals) - 1) if above[i] and above[i + 1]), None)
 
 
 def across_seeds(per_seed: list[dict[str, Any]]) -> dict[str, Any]:

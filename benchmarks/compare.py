@@ -9,6 +9,10 @@ seeds at the chosen rate, every run a resumable cell (docs/benchmarks.md).
     python -m benchmarks.compare --tables-from benchmarks/results/shapes/summary.json \
         --write-doc docs/benchmarks.md                                 # the docs' tables, from a summary
 
+The full matrix's command with ``--from-records`` rebuilds its ``summary.json`` from the committed
+cells alone (after a change to how figures are read): it trains nothing, and stops naming a cell that
+has not finished.
+
 Every cell is a real run of its own surrogate through the same loop (``vgrpo_platform.training.loop``):
 same recipe, prompts, rollout batch and evaluation; only ``[surrogate]`` (and, for the MDP baselines, the
 Euler SDE grid they need), the rate and the seed differ; what is compared is fixed in ``protocol.py``.
@@ -60,6 +64,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ablations", action="store_true", help="also V-GRPO's ablations, at V-GRPO's rate")
     parser.add_argument("--out", type=Path, help="default: benchmarks/results/<world or recipe name>")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="extra recipe override")
+    parser.add_argument(
+        "--from-records",
+        action="store_true",
+        help="rebuild summary.json (and the tables) from the finished cells' records; runs nothing and "
+        "stops at the first cell that has not finished",
+    )
     parser.add_argument("--tables-from", type=Path, help="print the tables of a summary.json; runs nothing")
     parser.add_argument("--write-doc", type=Path, help="replace the generated block of this Markdown file")
     return parser.parse_args(argv)

@@ -106,6 +106,17 @@ def status(cell: Cell, settings: list[str], out: Path) -> str:
     return "resume" if list_checkpoints(run_dir) else "new"
 
 
+def finished(cell: Cell, common: Sequence[str], out: Path) -> str:
+    """``done`` or ``failed`` of a finished cell; any other cell stops a rebuild that must not train."""
+    state = status(cell, cell.settings(common), out)
+    if state not in ("done", "failed"):
+        raise SystemExit(
+            f"{cell.directory(out)} has not finished ({state}); --from-records runs nothing: "
+            "run the matrix without it first"
+        )
+    return state
+
+
 def run_cell(
     cell: Cell, recipe: Path, common: Sequence[str], out: Path, commit: str, say: Callable[[str], None]
 ) -> str:

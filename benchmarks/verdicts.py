@@ -1,16 +1,21 @@
-"""The paper's claims, each judged confirmed, refuted or undecided from a summary's per-seed figures.
+"""The paper's claims, each judged from a summary's per-seed figures.
 
-The rule was fixed on 2026-12-05 before the matrix's seeds phase was read (docs/benchmarks.md, "How the
-verdicts are read"). Seeds of two methods are independent runs, so each comparison is a Welch
-two-sample interval at 95% over seeds:
+The rule was fixed on 2026-12-05 before the matrix's seeds phase was read, and made stricter for ratio
+claims on 2026-12-06 before any later run was read (docs/benchmarks.md, "How the verdicts are read").
+Seeds of two methods are independent runs, so each comparison is a Welch two-sample interval at 95%
+over seeds:
 
 - **Ratio claims** (A needs k times less of a cost than B to reach the target: wall-clock, gradient
-  steps). The interval of ``log(B) - log(A)`` gives an interval ``[lo, hi]`` of the ratio B / A:
-  confirmed when ``lo > 1`` and ``hi >= k`` (A is cheaper, and k is not above what the seeds allow),
-  refuted when ``hi < k`` (the claimed factor lies above the interval; A may still be cheaper by less),
-  undecided otherwise. A seed of B that never reached the target counts with its whole budget, a lower
-  bound of its cost, so ``hi`` is then unbounded; a seed of A that never reached it leaves the claim
-  undecided unless no seed of A and every seed of B reached it (refuted).
+  steps). The interval of ``log(B) - log(A)`` gives an interval ``[lo, hi]`` of the ratio B / A.
+  A verdict says nothing the interval does not: **confirmed** only when ``lo >= k`` (every factor the
+  seeds allow is at least k); **refuted** when ``hi < k`` (the claimed factor lies above the interval;
+  A may still be cheaper by less); **cheaper, factor below k** when ``1 < lo < k <= hi`` (A is
+  cheaper, by at least ``lo``, but k is not shown); undecided otherwise. A seed of B that never
+  reached the target counts with its whole budget, a lower bound of its cost, so ``hi`` is then
+  unbounded and only ``lo`` can confirm. A seed of A that never reached it leaves the claim undecided
+  unless no seed of A and every seed of B reached it (refuted). (Until 2026-12-06 ``lo > 1`` and
+  ``hi >= k`` confirmed, so an unbounded ``hi`` confirmed any k.) "Reached" is the aggregate's rule:
+  the target held at two consecutive evaluations (``aggregate.first_held``).
 - **Difference claims** (A ends higher than B, or A's diagnostic is lower): the interval of the
   difference in the claimed direction: confirmed above 0, refuted below 0, undecided across it.
 - **Marginal claims** (A's gain over B is small): the interval of A - B: confirmed inside
@@ -196,16 +201,21 @@ def _ratio(claim: Claim, a_seeds: list[dict[str, Any]], b_seeds: list[dict[str, 
     a, b = [math.log(x) for x in a_costs], [math.log(x) for x in b_costs]
     diff, lo, hi = welch_interval(b, a)
     r, r_lo, r_hi = math.exp(diff), math.exp(lo), math.inf if censored else math.exp(hi)
-    verdict = (
-        "confirmed"
-        if r_lo > 1 and r_hi >= claim.factor
-        else "refuted"
-        if r_hi < claim.factor
-        else "undecided"
-    )
+    verdict = ratio_verdict(r_lo, r_hi, claim.factor)
     bound = " (lower bound: unreached seeds count their whole budget)" if censored else ""
     detail = f"{claim.b[1]} / {claim.a[1]} = {r:.2f}x [{r_lo:.2f}, {r_hi:.2f}]{bound}; {reached}"
     return {"verdict": verdict, "detail": detail}
+
+
+def ratio_verdict(lo: float, hi: float, factor: float) -> str:
+    """A "``factor`` times cheaper" claim against the ratio's interval ``[lo, hi]`` (``hi`` may be inf)."""
+    if lo >= factor:
+        return "confirmed"
+    if hi < factor:
+        return "refuted"
+    if lo > 1:
+        return f"cheaper, factor below {factor:g}"
+    return "undecided"
 
 
 def _finite(value: object) -> bool:

@@ -202,6 +202,29 @@ def test_targets_are_reached_where_the_curve_first_crosses_them():
     assert both["reached"] == 1 and both["iterations_to_target"]["mean"] is None  # not every seed reached it
 
 
+def test_a_run_that_crosses_the_target_and_falls_back_has_not_reached_it():
+    def evals(values: list[float]) -> list[dict]:
+        return [{"kind": "eval", "iteration": 10 * i, "reward": v} for i, v in enumerate(values)]
+
+    def trains(n: int) -> list[dict]:
+        return [
+            {"kind": "train", "iteration": i, "gradient_steps": 1, "time_train": 1.0} for i in range(1, n)
+        ]
+
+    def figures(values: list[float]) -> dict:
+        records = trains(10 * len(values)) + evals(values)
+        nfe = [float(i) for i in range(10 * len(values))]
+        return aggregate.seed_figures(records, nfe, detail=None, target_metric="reward", target=0.5)
+
+    fell_back = figures([0.1, 0.6, 0.4, 0.45])  # crosses at 10, falls back at 20
+    assert not fell_back["reached"] and fell_back["iterations_to_target"] is None
+    assert fell_back["wall_to_target"] is None and fell_back["gradient_steps_to_target"] is None
+    assert not figures([0.1, 0.3, 0.4, 0.6])["reached"]  # crossed at the last evaluation: nothing held
+    held = figures([0.1, 0.6, 0.4, 0.55, 0.5])  # the first crossing fell back; the second held at 40
+    assert held["reached"] and held["iterations_to_target"] == 30 and held["gradient_steps_to_target"] == 30
+    assert held["wall_to_target"] == 30.0 and held["nfe_to_target"] == 30.0
+
+
 @pytest.mark.parametrize(
     ("method", "gradient_steps"),
     [

@@ -4,6 +4,7 @@ a target some seeds never reached) on figures built by hand."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -72,23 +73,26 @@ def test_a_ratio_claim_reads_the_interval_of_the_ratio_against_the_claimed_facto
             claim, _summary({"vgrpo": ours, "b": _seeds("steps_to_target", theirs, steps=150)})
         )
 
-    assert judged([90, 99, 110])["verdict"] == "confirmed"  # ~3x, the interval above 1 and reaching 2
+    assert judged([90, 99, 110])["verdict"] == "confirmed"  # ~3x: the whole interval at or above 2
     assert judged([40, 44, 47])["verdict"] == "refuted"  # ~1.3x: 2x lies above the interval
     assert judged([20, 22, 24])["verdict"] == "refuted"  # slower
     assert judged([40, 90, 60])["verdict"] == "undecided"  # the interval spans 1 and 2
+    assert judged([60, 75, 90])["verdict"] == "cheaper, factor below 2"  # [1.46, 3.45]: above 1, not 2
     # the ratio's interval equals the Welch interval of the logs, exponentiated
     got = judged([90, 99, 110])
     d = stats.ttest_ind(
         [math.log(x) for x in (90, 99, 110)], [math.log(x) for x in (30, 33, 36)], equal_var=False
     ).confidence_interval(0.95)
     assert f"[{math.exp(d.low):.2f}, {math.exp(d.high):.2f}]" in got["detail"]
-    # a baseline seed that never reached the target counts its whole budget: a lower bound, open above
-    censored = judged([90, None, 110])
+    # a baseline seed that never reached the target counts its whole budget: a lower bound, open above;
+    # only the lower end can confirm
+    censored = judged([100, None, 110])
     assert (
-        censored["verdict"] == "confirmed"
+        censored["verdict"] == "confirmed"  # [2.29, inf]
         and "inf]" in censored["detail"]
         and "2/3 seeds" in censored["detail"]
     )
+    assert judged([90, None, 110])["verdict"] == "cheaper, factor below 2"  # [1.97, inf]: 2 not shown
     never = verdicts.judge(
         claim,
         _summary(
@@ -134,3 +138,40 @@ def test_only_claims_whose_two_sides_ran_are_judged(verdicts):
         and any("MixGRPO" in t for t in texts)
         and any("N_MC 8" in t for t in texts)
     )
+
+
+def test_a_baseline_that_never_reaches_the_target_confirms_no_factor_above_the_intervals_lower_end(verdicts):
+    # the benchmark's MixGRPO case: ours reach the target, the baseline never does (its whole budget
+    # counts, the upper end is infinite); the ratio is above 1 but its lower end is below 2
+    claim = verdicts.Claim(
+        "2x faster", ("methods", "vgrpo"), ("methods", "b"), "wall_to_target", "ratio", 2.0, budget="wall"
+    )
+    summary = _summary(
+        {
+            "vgrpo": _seeds("wall_to_target", [100.0, 104.0, 102.0], wall=150.0),
+            "b": _seeds("wall_to_target", [None, None, None], wall=140.0),
+        }
+    )
+    got = verdicts.judge(claim, summary)
+    lo = float(got["detail"].split("[", 1)[1].split(",", 1)[0])
+    assert 1 < lo < 2 and "inf]" in got["detail"]
+    assert got["verdict"] == "cheaper, factor below 2"  # not "confirmed": 2 is above the lower end
+    small = dataclasses.replace(claim, text="1.3x faster", factor=1.3)  # [1.31, inf]
+    assert verdicts.judge(small, summary)["verdict"] == "confirmed"  # a factor at or below the lower end
+
+
+@pytest.mark.parametrize(
+    ("lo", "hi", "expected"),
+    [
+        (2.0, 5.0, "confirmed"),  # the lower end reaches the factor
+        (2.5, math.inf, "confirmed"),
+        (1.14, math.inf, "cheaper, factor below 2"),  # cheaper, but 2 is not shown
+        (1.2, 3.0, "cheaper, factor below 2"),
+        (1.2, 1.9, "refuted"),  # cheaper by less than 2: the claim is refuted
+        (0.5, 1.5, "refuted"),
+        (0.9, 3.0, "undecided"),  # spans 1 and 2
+        (1.0, math.inf, "undecided"),  # not even "cheaper": the lower end is not above 1
+    ],
+)
+def test_each_ratio_verdict_follows_from_where_the_interval_lies(verdicts, lo, hi, expected):
+    assert verdicts.ratio_verdict(lo, hi, 2.0) == expected
