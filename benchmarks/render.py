@@ -118,7 +118,9 @@ def markdown(summary: dict[str, Any], source: str, curves: str | None = None) ->
         f"{', '.join(format(x, 'g') for x in settings['lrs'])} for {settings['sweep_iterations']} iterations "
         f"on seeds {', '.join(map(str, settings['sweep_seeds']))}; held-out evaluation every "
         f"{settings['eval_every']} iterations. Target: `{target['metric']}` >= {fmt(target['value'])}"
-        f" ({target['rule']}). Values are means over seeds ± the half-width of a 95% t-interval.",
+        f" ({target['rule']}); a seed reached it when it held at two consecutive evaluations, and its cost"
+        " to it counts up to the first of the two. Values are means over seeds ± the half-width of a 95%"
+        " t-interval.",
     ]
     if len(settings["lrs"]) > 1:
         lines += ["", f"**Learning-rate sweep** ({summary['selection_rule']}; the chosen rate in bold):", ""]
