@@ -5,6 +5,7 @@ a target some seeds never reached) on figures built by hand."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import pytest
@@ -175,3 +176,28 @@ def test_a_baseline_that_never_reaches_the_target_confirms_no_factor_above_the_i
 )
 def test_each_ratio_verdict_follows_from_where_the_interval_lies(verdicts, lo, hi, expected):
     assert verdicts.ratio_verdict(lo, hi, 2.0) == expected
+
+
+def test_the_docs_results_block_is_the_committed_summary_rendered_and_claims_no_more_than_it(verdicts):
+    from benchmarks import aggregate, render
+    from benchmarks.protocol import ROOT
+
+    source = "benchmarks/results/shapes/summary.json"
+    summary = json.loads((ROOT / source).read_text())
+    block = render.markdown(summary, source, "../benchmarks/results/shapes/curves.png")
+    doc = (ROOT / "docs" / "benchmarks.md").read_text()
+    assert f"{render.DOC_BEGIN}\n{block}{render.DOC_END}" in doc  # regenerate with --write-doc
+    # the recipe the cells ran (the frozen shapes world), not the quickstart it was copied from
+    assert summary["recipe"] == "benchmarks/worlds/shapes.toml"
+    # the summary's "reached" is the current rule's: each seed's curve, read again, reaches where it says
+    target = summary["target"]["value"]
+    for block in ("methods", "ablations"):
+        for entry in summary[block].values():
+            for seed in entry["seeds"]:
+                held = aggregate.first_held(seed["curve"], "detail", target)
+                assert seed["iterations_to_target"] == (held["iteration"] if held else None), seed["seed"]
+    factors = {c.text: c.factor for c in verdicts.CLAIMS if c.kind == "ratio"}
+    for judged in verdicts.verdicts(summary):
+        if judged["claim"] in factors and judged["verdict"] == "confirmed":
+            lo = float(judged["detail"].split("[", 1)[1].split(",", 1)[0])
+            assert lo >= factors[judged["claim"]], judged  # confirmed only where the lower end reaches k
