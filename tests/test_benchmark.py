@@ -75,6 +75,10 @@ def test_the_smoke_matrix_runs_every_cell_once_and_a_second_invocation_only_prin
     third = capsys.readouterr().out
     assert third.count(": done") == 8 and ": running" not in third and ": resuming" not in third
     assert json.loads((out / "summary.json").read_text())["methods"] == summary["methods"]
+    # --from-records rebuilds the same summary from those records, only checking each cell finished
+    assert compare.main([*SMOKE, "--out", str(out), "--from-records"]) == 0
+    assert json.loads((out / "summary.json").read_text())["methods"] == summary["methods"]
+    capsys.readouterr()
 
     # the docs' tables come from the summary, between the markers, and nothing else changes
     doc = tmp_path / "doc.md"
@@ -85,6 +89,14 @@ def test_the_smoke_matrix_runs_every_cell_once_and_a_second_invocation_only_prin
     assert text.startswith("# Title\n\nintro\n\n") and text.endswith(f"{render.DOC_END}\n\n## After\n")
     assert "old table" not in text and "| vgrpo | 0.01 | 2 |" in text and "**Learning-rate sweep**" in text
     assert compare.main(args) == 0 and doc.read_text() == text  # regenerating changes nothing
+
+
+def test_from_records_trains_nothing_and_stops_at_a_cell_that_has_not_finished(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = tmp_path / "fresh"
+    with pytest.raises(SystemExit, match=r"seed0 has not finished \(new\); --from-records runs nothing"):
+        compare.main([*SMOKE, "--out", str(out), "--from-records"])
+    assert not (out / "runs").exists() and not (out / "summary.json").exists()
 
 
 def test_an_interrupted_cell_resumes_from_its_checkpoint_and_ends_where_an_unbroken_run_does(
