@@ -205,6 +205,7 @@ def test_the_baselines_register_with_documented_options():
         "flow_grpo": FlowGRPOSurrogate,
         "dance_grpo": FlowGRPOSurrogate,
         "flow_grpo_fast": FlowGRPOSurrogate,
+        "flow_grpo_cps": FlowGRPOSurrogate,
         "diffusion_nft": DiffusionNFTSurrogate,
         "awm": AWMSurrogate,
         "awm_authors": AWMSurrogate,

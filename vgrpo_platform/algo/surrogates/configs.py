@@ -134,6 +134,17 @@ class FlowGRPOConfig(PluginConfig):
         "flow_grpo",
         description="SDE diffusion s(t): 'flow_grpo' = a sqrt(t / (1 - t)), 'constant' = a (DanceGRPO).",
     )
+    sde_kind: Literal["flow_grpo", "cps"] = Field(
+        "flow_grpo",
+        description="The stochastic step: 'flow_grpo' = the marginal-preserving SDE of s(t); 'cps' = "
+        "coefficients-preserving sampling, std = t_next sin(noise_level pi / 2) (CPS; noise_level in "
+        "(0, 1], the CPS configs use 0.8), the step to t = 0 deterministic and untrained.",
+    )
+    cps_log_prob: Literal["gaussian", "constant_free"] = Field(
+        "gaussian",
+        description="'cps' steps' log-prob: 'gaussian' = log N(x; mu, std^2); 'constant_free' = "
+        "-mean_d (x - mu)^2, as the CPS authors' code (log-ratios 2 std^2 times smaller).",
+    )
     shared_initial_noise: bool = Field(
         False,
         description="One initial noise per prompt group (DanceGRPO, Flow-GRPO-Fast's branching); "
@@ -151,6 +162,14 @@ class FlowGRPOConfig(PluginConfig):
         description="Train a random subset of int(fraction * n) of each sample's n trainable steps, "
         "redrawn per sample every iteration (DanceGRPO: 0.6); 1 = all.",
     )
+
+    @model_validator(mode="after")
+    def _check_cps_noise_level(self) -> FlowGRPOConfig:
+        if self.sde_kind == "cps" and self.noise_level > 1:
+            raise ValueError(
+                f"sde_kind = 'cps' needs noise_level in (0, 1] (the angle a pi / 2), got {self.noise_level}"
+            )
+        return self
 
 
 class DanceGRPOConfig(FlowGRPOConfig):
@@ -183,6 +202,20 @@ class FlowGRPOFastConfig(FlowGRPOConfig):
     )
     clip_range: float = Field(1e-5, gt=0, description="Per-step PPO ratio clip (Flow-GRPO-Fast: 1e-5).")
     kl_beta: float = Field(0.0, ge=0, description="Flow-GRPO-Fast trains without a KL term.")
+
+
+class FlowGRPOCPSConfig(FlowGRPOFastConfig):
+    """Flow-GRPO-Fast with CPS steps (docs/method.md section 6), as yifan123/flow_grpo's newer GenEval
+    config: a 3-step CPS branch at a random step of the first half, noise_level 0.8, independent initial
+    noise, the authors' constant-free log-prob, clip 1e-5, no KL."""
+
+    sde_kind: Literal["flow_grpo", "cps"] = Field("cps", description="Coefficients-preserving steps (CPS).")
+    noise_level: float = Field(0.8, gt=0, description="a in std = t_next sin(a pi / 2) (their config: 0.8).")
+    cps_log_prob: Literal["gaussian", "constant_free"] = Field(
+        "constant_free", description="-mean_d (x - mu)^2, the log-prob of the CPS authors' code."
+    )
+    window_size: int | None = Field(3, ge=1, description="CPS (and trained) steps of the branch (3).")
+    shared_initial_noise: bool = Field(False, description="Independent initial noise (same_latent = False).")
 
 
 class DiffusionNFTConfig(PluginConfig):

@@ -2,9 +2,10 @@
 
 ``vgrpo`` is the method; ``elbo_naive`` is the same estimator with the three variance-reduction
 techniques off (independent pairs per sample, i.i.d. timesteps, plain MSE), the paper's baseline
-that oscillates or diverges. ``flow_grpo`` (with MixGRPO's window as an option), ``dance_grpo`` and
-``flow_grpo_fast`` (presets of its options), ``diffusion_nft``, ``awm`` and ``awm_authors`` (AWM as its
-authors ship it) are the baselines of docs/method.md section 6, behind the same interfaces.
+that oscillates or diverges. ``flow_grpo`` (with MixGRPO's window and CPS steps as options),
+``dance_grpo``, ``flow_grpo_fast`` and ``flow_grpo_cps`` (presets of its options), ``diffusion_nft``,
+``awm`` and ``awm_authors`` (AWM as its authors ship it) are the baselines of docs/method.md
+section 6, behind the same interfaces.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from vgrpo_platform.algo.surrogates.configs import (  # re-exported: the configs
     DanceGRPOConfig,
     DiffusionNFTConfig,
     FlowGRPOConfig,
+    FlowGRPOCPSConfig,
     FlowGRPOFastConfig,
     NaiveELBOConfig,
     VGRPOConfig,
@@ -30,6 +32,7 @@ __all__ = [
     "FlowGRPOConfig",
     "DanceGRPOConfig",
     "FlowGRPOFastConfig",
+    "FlowGRPOCPSConfig",
     "DiffusionNFTConfig",
     "AWMConfig",
     "AWMAuthorsConfig",
@@ -101,6 +104,14 @@ def register_components() -> list[Component]:
             build_flow_grpo,
             FlowGRPOFastConfig,
             "Flow-GRPO-Fast: ODE rollouts with a short SDE branch at a random early step, trained alone.",
+        ),
+        Component(
+            "surrogate",
+            "flow_grpo_cps",
+            build_flow_grpo,
+            FlowGRPOCPSConfig,
+            "Flow-GRPO-Fast with coefficients-preserving (CPS) steps: a 3-step CPS branch, "
+            "the CPS authors' log-prob (sde_kind = 'cps' gives CPS to any flow_grpo run).",
         ),
         Component(
             "surrogate",

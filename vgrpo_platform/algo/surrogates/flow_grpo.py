@@ -8,7 +8,8 @@ the stored trajectory and takes a per-step PPO-clip objective, plus the KL of ea
 stochastic and trained; the window moves every ``window_shift_every`` iterations. The same options
 give DanceGRPO (``diffusion = "constant"``, ``shared_initial_noise``, ``train_fraction``: each sample
 trains its own random subset of the steps) and Flow-GRPO-Fast (``window_placement = "random"``: a
-short SDE branch at a random early step); see ``surrogates/entry.py`` and docs/method.md section 6.
+short SDE branch at a random early step); ``sde_kind = "cps"`` swaps the SDE step for CPS's
+coefficients-preserving one (``sde.cps_step``); see ``surrogates/entry.py`` and docs/method.md section 6.
 
 ``rollout`` returns a ``FlowGRPOState`` (batch-first; the loop joins the chunks' into ``batch.state``):
 ``trajectory`` ``[B, T+1, *L]`` (at least float32), ``timesteps`` ``[B, T+1]``, ``old_log_prob``
@@ -151,14 +152,28 @@ class FlowGRPOSurrogate(SurrogateBase):
         cond: Conditioning,
         model_dtype: torch.dtype,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(mean [B, *L], step std [B], s [B])`` of one SDE step from ``z`` ``[B, *L]`` (float32)."""
+        """``(mean [B, *L], step std [B], s [B])`` of one SDE step from ``z`` ``[B, *L]`` (float32).
+
+        A CPS step (``sde_kind = "cps"``) has no diffusion ``s``: its third entry is the step std again.
+        """
         v = adapter.predict(z.to(model_dtype), t, cond).to(z.dtype)  # [B, *L]
+        if self.config.sde_kind == "cps":
+            mean, std = sde.cps_step(z, v, t, t_next, self.config.noise_level)
+            return mean, std, std
         if self.config.diffusion == "constant":
             s = sde.constant_diffusion(t, self.config.noise_level)  # [B], DanceGRPO
         else:
             s = sde.sde_diffusion(t, self.config.noise_level, t_cap=t_cap)  # [B]
         mean = sde.sde_step_mean(z, v, t, t_next, s)
         return mean, sde.step_std(s, t, t_next), s
+
+    def _log_prob(
+        self, x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, latent_ndim: int
+    ) -> torch.Tensor:
+        """One step's log-prob ``[B]``: the Gaussian's, or the CPS authors' constant-free form."""
+        if self.config.sde_kind == "cps" and self.config.cps_log_prob == "constant_free":
+            return sde.constant_free_log_prob(x, mean, latent_ndim)
+        return sde.gaussian_log_prob(x, mean, std, latent_ndim)
 
     @torch.no_grad()
     def rollout(
@@ -179,6 +194,8 @@ class FlowGRPOSurrogate(SurrogateBase):
         grid = euler_grid(adapter, steps, device, z.dtype)  # [T+1]
         t_cap = grid[1].expand(b)  # Flow-GRPO's stand-in for t = 1 in s(t)
         mask = self._window(steps, generator)
+        if self.config.sde_kind == "cps":  # the CPS step to t = 0 has std 0: deterministic, never trained
+            mask = mask & (grid[1:] > 0).cpu()
         trajectory, log_probs = [z], []
         for i in range(steps):
             t, t_next = grid[i].expand(b), grid[i + 1].expand(b)
@@ -186,7 +203,7 @@ class FlowGRPOSurrogate(SurrogateBase):
                 mean, std, _ = self._step_stats(adapter, z, t, t_next, t_cap, cond, noise.dtype)
                 eps = torch.randn(z.shape, generator=generator, device=generator.device).to(device, z.dtype)
                 z = mean + std.reshape(b, *(1,) * latent_ndim) * eps
-                log_probs.append(sde.gaussian_log_prob(z, mean, std, latent_ndim))
+                log_probs.append(self._log_prob(z, mean, std, latent_ndim))
             else:
                 v = adapter.predict(z.to(noise.dtype), t, cond).to(z.dtype)
                 z = sde.ode_step(z, v, t, t_next)
@@ -275,7 +292,7 @@ class FlowGRPOSurrogate(SurrogateBase):
             mean, std, s = self._step_stats(
                 adapter, traj[rows, j], t, t_next, grid[rows, 1], cond, batch.latents.dtype
             )
-            log_prob = sde.gaussian_log_prob(traj[rows, j + 1], mean, std, latent_ndim)  # [b_j]
+            log_prob = self._log_prob(traj[rows, j + 1], mean, std, latent_ndim)  # [b_j]
             log_ratio = log_prob - old_lp[rows, j]
             rho = torch.exp(log_ratio)
             adv = adv_all[rows]
@@ -288,7 +305,11 @@ class FlowGRPOSurrogate(SurrogateBase):
                 if state.ref_mean is None:
                     raise ValueError("kl_beta > 0 but batch.state has no ref_mean; was prepare() run?")
                 ref = state.ref_mean[rows, j]
-                kls.append(sde.mean_kl(mean, ref, s, t, t_next, latent_ndim, include_dt=cfg.kl_include_dt))
+                if cfg.sde_kind == "cps":  # the true Gaussian KL of the CPS step (s is its std)
+                    kls.append(sde.std_kl(mean, ref, s, latent_ndim))
+                else:
+                    kl = sde.mean_kl(mean, ref, s, t, t_next, latent_ndim, include_dt=cfg.kl_include_dt)
+                    kls.append(kl)
         if not policy_terms:
             raise ValueError("no SDE step to train: the rollout recorded none (sde_mask is all zero)")
         policy = torch.cat(policy_terms).mean()  # mean over trained (sample, step) pairs
