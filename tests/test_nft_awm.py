@@ -197,6 +197,7 @@ def test_nft_and_awm_train_through_the_loop_with_ema_updates_and_diagnostics(tmp
 
 def test_the_baselines_register_with_documented_options():
     from vgrpo_platform.algo.surrogates.configs import FlowGRPOConfig
+    from vgrpo_platform.algo.surrogates.dpo import OnlineDPOSurrogate
     from vgrpo_platform.algo.surrogates.entry import register_components
     from vgrpo_platform.algo.surrogates.flow_grpo import FlowGRPOSurrogate
 
@@ -209,6 +210,7 @@ def test_the_baselines_register_with_documented_options():
         "diffusion_nft": DiffusionNFTSurrogate,
         "awm": AWMSurrogate,
         "awm_authors": AWMSurrogate,
+        "diffusion_dpo": OnlineDPOSurrogate,
     }
     for name, cls in expected.items():
         factory, config, summary = seen[name]

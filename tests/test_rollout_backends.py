@@ -40,7 +40,9 @@ def test_a_lossy_or_overlapped_backend_is_refused_with_the_mdp_family(surrogate,
     assert "\n" not in str(info.value) and "rollout.backend = 'in_process'" in str(info.value)
 
 
-@pytest.mark.parametrize("surrogate", ["vgrpo", "elbo_naive", "diffusion_nft", "awm", "awm_authors"])
+@pytest.mark.parametrize(
+    "surrogate", ["vgrpo", "elbo_naive", "diffusion_nft", "awm", "awm_authors", "diffusion_dpo"]
+)
 def test_final_sample_surrogates_accept_any_backend(surrogate):
     resolved = resolve_recipe(
         TOY, [f"surrogate.name={surrogate!r}", "rollout.backend=worker", "rollout.overlap=true"]

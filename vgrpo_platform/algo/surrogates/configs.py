@@ -324,3 +324,30 @@ class AWMAuthorsConfig(AWMConfig):
     kl_beta: float = Field(
         1e-3, ge=0, description="Velocity KL to the reference (AWM: 1e-4 PickScore, 1e-3 GenEval, 3e-3 OCR)."
     )
+
+
+class OnlineDPOConfig(PluginConfig):
+    """Online Diffusion-DPO (docs/method.md section 6): each group's best and worst sample form one
+    preference pair, scored by the ELBO form of Diffusion-DPO against the frozen reference."""
+
+    beta: float = Field(
+        5000.0,
+        gt=0,
+        description="Diffusion-DPO's beta T (the ELBO's step count folded in, as its code does; "
+        "paper: 5000 for SD 1.5, 2500 for SDXL).",
+    )
+    n_mc: int = Field(
+        1, ge=1, description="(t, eps) draws per sample, shared by the pair (Diffusion-DPO: 1 per step)."
+    )
+    stratified: bool = Field(True, description="One timestep in each of n_mc strata; False = i.i.d.")
+    min_reward_gap: float = Field(
+        0.0,
+        ge=0,
+        description="A group whose best and worst rewards differ by no more than this makes no pair.",
+    )
+    t_min: float = Field(1e-3, ge=0, lt=1, description="Lower clamp of drawn timesteps.")
+    t_max: float = Field(1.0 - 1e-3, gt=0, le=1, description="Upper clamp of drawn timesteps.")
+
+    def kl_measures(self) -> str:
+        """``kl``: none; the reference enters the DPO loss itself."""
+        return "no KL penalty (the reference is inside the DPO loss): kl is logged as 0"

@@ -4,8 +4,8 @@
 techniques off (independent pairs per sample, i.i.d. timesteps, plain MSE), the paper's baseline
 that oscillates or diverges. ``flow_grpo`` (with MixGRPO's window and CPS steps as options),
 ``dance_grpo``, ``flow_grpo_fast`` and ``flow_grpo_cps`` (presets of its options), ``diffusion_nft``,
-``awm`` and ``awm_authors`` (AWM as its authors ship it) are the baselines of docs/method.md
-section 6, behind the same interfaces.
+``awm``, ``awm_authors`` (AWM as its authors ship it) and ``diffusion_dpo`` (online Diffusion-DPO)
+are the baselines of docs/method.md section 6, behind the same interfaces.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from vgrpo_platform.algo.surrogates.configs import (  # re-exported: the configs
     FlowGRPOCPSConfig,
     FlowGRPOFastConfig,
     NaiveELBOConfig,
+    OnlineDPOConfig,
     VGRPOConfig,
 )
 from vgrpo_platform.hookspecs import hookimpl
@@ -36,6 +37,7 @@ __all__ = [
     "DiffusionNFTConfig",
     "AWMConfig",
     "AWMAuthorsConfig",
+    "OnlineDPOConfig",
 ]
 
 
@@ -62,6 +64,12 @@ def build_awm(config: AWMConfig, context: Any = None) -> Any:
     from vgrpo_platform.algo.surrogates.awm import AWMSurrogate
 
     return AWMSurrogate(config)
+
+
+def build_dpo(config: OnlineDPOConfig, context: Any = None) -> Any:
+    from vgrpo_platform.algo.surrogates.dpo import OnlineDPOSurrogate
+
+    return OnlineDPOSurrogate(config)
 
 
 @hookimpl
@@ -133,5 +141,14 @@ def register_components() -> list[Component]:
             build_awm,
             AWMAuthorsConfig,
             "AWM as its authors ship it: generalised-Huber weighting, EMA penalty, grid timesteps.",
+        ),
+        # the 2026 methods (docs/method.md section 6)
+        Component(
+            "surrogate",
+            "diffusion_dpo",
+            build_dpo,
+            OnlineDPOConfig,
+            "Online Diffusion-DPO: each group's best vs worst sample as a preference pair, ELBO form, "
+            "frozen reference.",
         ),
     ]
