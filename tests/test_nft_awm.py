@@ -197,7 +197,7 @@ def test_nft_and_awm_train_through_the_loop_with_ema_updates_and_diagnostics(tmp
 
 def test_the_baselines_register_with_documented_options():
     from vgrpo_platform.algo.surrogates.configs import FlowGRPOConfig
-    from vgrpo_platform.algo.surrogates.dpo import OnlineDPOSurrogate
+    from vgrpo_platform.algo.surrogates.dpo import DGPOSurrogate, OnlineDPOSurrogate
     from vgrpo_platform.algo.surrogates.entry import register_components
     from vgrpo_platform.algo.surrogates.flow_grpo import FlowGRPOSurrogate
 
@@ -211,6 +211,7 @@ def test_the_baselines_register_with_documented_options():
         "awm": AWMSurrogate,
         "awm_authors": AWMSurrogate,
         "diffusion_dpo": OnlineDPOSurrogate,
+        "dgpo": DGPOSurrogate,
     }
     for name, cls in expected.items():
         factory, config, summary = seen[name]

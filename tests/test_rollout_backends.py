@@ -41,7 +41,7 @@ def test_a_lossy_or_overlapped_backend_is_refused_with_the_mdp_family(surrogate,
 
 
 @pytest.mark.parametrize(
-    "surrogate", ["vgrpo", "elbo_naive", "diffusion_nft", "awm", "awm_authors", "diffusion_dpo"]
+    "surrogate", ["vgrpo", "elbo_naive", "diffusion_nft", "awm", "awm_authors", "diffusion_dpo", "dgpo"]
 )
 def test_final_sample_surrogates_accept_any_backend(surrogate):
     resolved = resolve_recipe(

@@ -351,3 +351,23 @@ class OnlineDPOConfig(PluginConfig):
     def kl_measures(self) -> str:
         """``kl``: none; the reference enters the DPO loss itself."""
         return "no KL penalty (the reference is inside the DPO loss): kl is logged as 0"
+
+
+class DGPOConfig(PluginConfig):
+    """DGPO (docs/method.md section 6): a DPO-style preference between a group's advantage-weighted
+    samples, on deterministic (any) rollouts; Luo et al., "Reinforcing Diffusion Models by Direct Group
+    Preference Optimization"."""
+
+    beta: float = Field(100.0, gt=0, description="beta of the group preference (DGPO's beta_dpo: 100).")
+    n_mc: int = Field(
+        4, ge=1, description="(t, eps) draws per sample, shared by its group (DGPO: 4 train timesteps)."
+    )
+    stratified: bool = Field(True, description="One timestep in each of n_mc strata; False = i.i.d.")
+    t_min: float = Field(
+        1e-3, ge=0, lt=1, description="Lower clamp of drawn timesteps (DGPO truncates at about 0.3 shifted)."
+    )
+    t_max: float = Field(1.0 - 1e-3, gt=0, le=1, description="Upper clamp of drawn timesteps.")
+
+    def kl_measures(self) -> str:
+        """``kl``: none; the reference enters the preference itself."""
+        return "no KL penalty (the reference is inside the DGPO preference): kl is logged as 0"

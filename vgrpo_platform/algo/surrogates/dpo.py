@@ -1,4 +1,5 @@
-"""Online Diffusion-DPO: each prompt group's best and worst sample form one preference pair.
+"""Online Diffusion-DPO (each prompt group's best and worst sample form one preference pair) and DGPO
+(the whole group, advantage-weighted, forms one preference).
 
 Diffusion-DPO (Wallace et al., "Diffusion Model Alignment Using Direct Preference Optimization")
 replaces the sequence log-likelihood of DPO by the ELBO: with ``e(x) = |v_theta(x_t, t) - (eps - x)|^2``
@@ -18,6 +19,14 @@ loss's exactly while the weights are the rollout's (the first optimiser step of 
 steps the partner's term is the rollout-time one. Rows outside a pair carry no loss. Per-row weights
 ``n_rows / n_pairs`` make the full batch's gradient that of the mean pair loss.
 
+DGPO (Luo et al., "Reinforcing Diffusion Models by Direct Group Preference Optimization") compares
+a group's samples weighted by their advantages ``A_i``: with ``S_g = beta / G sum_{i in g} A_i D(x_i)``
+the group loss is ``L_g = -log sigmoid(-S_g)``, whose gradient ``sigmoid(S_g) beta / G sum_i A_i grad e(x_i)``
+needs no pairing. As the authors' code does, the loss is ``mean_i sg(sigmoid(S_g)) A_i e(x_i)``: the
+group weight is a stop-gradient constant (computed by ``prepare`` at the rollout weights), so micro-
+batches can split groups, and the batch's gradient is ``1 / (beta P)`` times that of ``sum_g L_g``
+(``P`` groups).
+
 ``prepare`` writes a ``DPOState``: ``t`` ``[B, K]``, ``eps`` ``[B, K, *L]``, ``role`` ``[B]`` (+1
 winner, -1 loser, 0 unpaired), ``weight`` ``[B]``, ``ref_err`` ``[B]`` and ``partner_delta`` ``[B]``.
 """
@@ -29,7 +38,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from vgrpo_platform.algo.surrogates.configs import OnlineDPOConfig
+from vgrpo_platform.algo.surrogates.configs import DGPOConfig, OnlineDPOConfig
 from vgrpo_platform.algo.surrogates.pairs import PairScheme, draw_batch_pairs, predict_x0_on_pairs
 from vgrpo_platform.finetune import reference_mode
 from vgrpo_platform.protocols import Adapter, BatchState, Conditioning, RolloutBatch, SurrogateBase
@@ -137,6 +146,69 @@ class OnlineDPOSurrogate(SurrogateBase):
                 "pair_accuracy": float((margin < 0).to(torch.float32).mean()),
                 "pairs": float(paired.numel() / 2),
                 "implicit_margin": float((-beta * margin).mean()),
+                "kl": 0.0,
+            }
+        return loss, metrics
+
+
+@dataclass
+class DGPOState(BatchState):
+    """The group-shared draws, the reference's errors and each row's (stop-gradient) group weight."""
+
+    t: torch.Tensor  # [B, K]
+    eps: torch.Tensor  # [B, K, *L]
+    group_weight: torch.Tensor  # [B]: sigmoid(S_g) of the row's group, at the rollout weights
+    group_term: torch.Tensor  # [B]: S_g of the row's group (for the metrics)
+
+
+def group_preference_logits(
+    delta: torch.Tensor, advantages: torch.Tensor, group_ids: torch.Tensor, beta: float
+) -> torch.Tensor:
+    """``[B]``: ``S_g = beta / |g| sum_{i in g} A_i D_i`` of each row's group ``g``."""
+    out = torch.zeros_like(delta)
+    for g in torch.unique(group_ids).tolist():
+        rows = group_ids == g
+        out[rows] = beta * (advantages[rows] * delta[rows]).sum() / int(rows.sum())
+    return out
+
+
+class DGPOSurrogate(SurrogateBase):
+    """The ``dgpo`` surrogate; see ``DGPOConfig`` and the module docstring."""
+
+    def __init__(self, config: DGPOConfig | None = None) -> None:
+        self.config = config if config is not None else DGPOConfig()
+
+    def prepare(self, batch: RolloutBatch, adapter: Adapter, generator: torch.Generator) -> None:
+        """Draw the group-shared ``(t, eps)``, and each group's weight ``sigmoid(S_g)`` at the rollout
+        weights (a policy and a reference forward per row)."""
+        cfg = self.config
+        if batch.advantages is None:
+            raise ValueError("DGPOSurrogate.prepare needs batch.advantages (compute them before prepare)")
+        x0 = batch.latents
+        scheme = PairScheme(cfg.n_mc, "group", cfg.stratified, cfg.t_min, cfg.t_max)
+        with torch.no_grad():
+            t, eps = draw_batch_pairs(batch, adapter, generator, scheme, tuple(x0.shape[1:]))
+            eps = eps.to(x0.dtype)
+            with reference_mode(adapter):
+                ref = flow_matching_error(adapter, x0, t, eps, batch.cond)
+            own = flow_matching_error(adapter, x0, t, eps, batch.cond)
+            adv = batch.advantages.to(own.device, own.dtype)
+            s = group_preference_logits(own - ref, adv, batch.group_ids.to(own.device), cfg.beta)
+        batch.state = DGPOState(t=t, eps=eps, group_weight=torch.sigmoid(s), group_term=s)
+
+    def loss(self, batch: RolloutBatch, adapter: Adapter) -> tuple[torch.Tensor, dict[str, float]]:
+        """``mean_i sg(sigmoid(S_g)) A_i e(x_i)`` over the (micro-)batch."""
+        if batch.advantages is None:
+            raise ValueError("DGPOSurrogate.loss needs batch.advantages")
+        state = batch.state_as(DGPOState, "DGPOSurrogate.loss")
+        err = flow_matching_error(adapter, batch.latents, state.t, state.eps, batch.cond)  # [B]
+        adv = batch.advantages.to(err.dtype)
+        loss = (state.group_weight.to(err.dtype) * adv * err).mean()
+        with torch.no_grad():
+            metrics = {
+                "group_weight": float(state.group_weight.mean()),
+                "dgpo_group_loss": float(F.softplus(state.group_term).mean()),
+                "flow_matching_error": float(err.mean()),
                 "kl": 0.0,
             }
         return loss, metrics

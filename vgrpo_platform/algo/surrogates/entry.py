@@ -4,8 +4,8 @@
 techniques off (independent pairs per sample, i.i.d. timesteps, plain MSE), the paper's baseline
 that oscillates or diverges. ``flow_grpo`` (with MixGRPO's window and CPS steps as options),
 ``dance_grpo``, ``flow_grpo_fast`` and ``flow_grpo_cps`` (presets of its options), ``diffusion_nft``,
-``awm``, ``awm_authors`` (AWM as its authors ship it) and ``diffusion_dpo`` (online Diffusion-DPO)
-are the baselines of docs/method.md section 6, behind the same interfaces.
+``awm``, ``awm_authors`` (AWM as its authors ship it), ``diffusion_dpo`` (online Diffusion-DPO) and
+``dgpo`` are the baselines of docs/method.md section 6, behind the same interfaces.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from vgrpo_platform.algo.surrogates.configs import (  # re-exported: the configs
     AWMAuthorsConfig,
     AWMConfig,
     DanceGRPOConfig,
+    DGPOConfig,
     DiffusionNFTConfig,
     FlowGRPOConfig,
     FlowGRPOCPSConfig,
@@ -38,6 +39,7 @@ __all__ = [
     "AWMConfig",
     "AWMAuthorsConfig",
     "OnlineDPOConfig",
+    "DGPOConfig",
 ]
 
 
@@ -70,6 +72,12 @@ def build_dpo(config: OnlineDPOConfig, context: Any = None) -> Any:
     from vgrpo_platform.algo.surrogates.dpo import OnlineDPOSurrogate
 
     return OnlineDPOSurrogate(config)
+
+
+def build_dgpo(config: DGPOConfig, context: Any = None) -> Any:
+    from vgrpo_platform.algo.surrogates.dpo import DGPOSurrogate
+
+    return DGPOSurrogate(config)
 
 
 @hookimpl
@@ -150,5 +158,13 @@ def register_components() -> list[Component]:
             OnlineDPOConfig,
             "Online Diffusion-DPO: each group's best vs worst sample as a preference pair, ELBO form, "
             "frozen reference.",
+        ),
+        Component(
+            "surrogate",
+            "dgpo",
+            build_dgpo,
+            DGPOConfig,
+            "DGPO: a group-level DPO preference of advantage-weighted samples against the frozen "
+            "reference, no likelihood ratio.",
         ),
     ]
