@@ -488,3 +488,73 @@ def test_cps_trains_through_the_loop_as_an_option_and_as_its_preset(tmp_path):
     records, trainer = surrogate_toy_run(tmp_path / "b", "flow_grpo_cps", "rollout.steps=6")
     assert [r["sde_steps"] for r in records] == [3.0, 3.0]  # its 3-step branch in the first half
     assert trainer.session.surrogate.needs_exact_rollouts
+
+
+# ------------------------------------------------------------------ GRPO-Guard
+
+
+def test_ratio_normalisation_centres_the_log_ratio_that_plain_ratios_shift_left():
+    g = torch.Generator().manual_seed(21)
+    n, std = 400_000, torch.tensor([0.2], dtype=DT)
+    mu_old, mu_new = torch.zeros(1, 1, dtype=DT), torch.full((1, 1), 0.1, dtype=DT)
+    x = mu_old + std * torch.randn(n, 1, generator=g, dtype=DT)  # samples of the rollout policy
+    raw = sde.gaussian_log_prob(x, mu_new.expand_as(x), std.expand(n), 1) - sde.gaussian_log_prob(
+        x, mu_old.expand_as(x), std.expand(n), 1
+    )
+    bias = sde.std_kl(mu_new, mu_old, std, 1)  # 0.1^2 / (2 0.2^2) = 0.125
+    assert float(bias) == pytest.approx(0.125)
+    assert float(raw.mean()) == pytest.approx(-0.125, abs=3e-3)  # E[log rho] = -KL < 0: shifted left
+    assert float((raw + bias).mean()) == pytest.approx(0.0, abs=3e-3)
+
+
+def test_grpo_guard_loss_is_its_formula_written_out_off_policy():
+    from vgrpo_platform.algo.surrogates.configs import GRPOGuardConfig
+
+    adapter = TinyAdapter()
+    cfg = GRPOGuardConfig(kl_beta=0.0, clip_range=0.05)
+    surrogate = FlowGRPOSurrogate(cfg)
+    batch = make_batch(adapter, surrogate, steps=4)
+    assert batch.state.old_mean is not None
+    with torch.no_grad():
+        for p in adapter.denoiser.parameters():
+            p.add_(0.02)
+    old_adapter = TinyAdapter()  # same seed: the rollout weights
+    params = list(adapter.denoiser.parameters())
+    loss, metrics = surrogate.loss(batch, adapter)
+    traj, grid = batch.state.trajectory, batch.state.timesteps.to(DT)
+    adv = batch.advantages.clamp(-5, 5)
+    terms = []
+    for j in range(4):
+        t, tn = grid[:, j], grid[:, j + 1]
+        s = 0.7 * torch.sqrt(t / (1 - t.clamp_max(grid[:, 1])))
+        std = s * torch.sqrt(t - tn)
+
+        def step_mean(model, j=j, t=t, tn=tn, s=s):
+            z = traj[:, j]
+            v = model.predict(z, t, batch.cond)
+            c = (s**2 / (2 * t))[:, None, None]
+            return z + (v + c * (z + (1 - t)[:, None, None] * v)) * (tn - t)[:, None, None]
+
+        mu, mu_old = step_mean(adapter), step_mean(old_adapter).detach()
+        lp_new = Normal(mu, std[:, None, None]).log_prob(traj[:, j + 1]).mean(dim=(1, 2))
+        lp_old = Normal(mu_old, std[:, None, None]).log_prob(traj[:, j + 1]).mean(dim=(1, 2))
+        b = (mu - mu_old).square().mean(dim=(1, 2)) / (2 * std**2)
+        rho = torch.exp((lp_new - lp_old + b) * std)
+        term = torch.maximum(-adv * rho, -adv * rho.clamp(0.95, 1.05)) / (t - tn)
+        terms.append(term)
+    want = torch.stack(terms).mean()
+    assert float(loss.detach()) == pytest.approx(float(want.detach()), rel=1e-9)
+    assert metrics["ratio_min"] != pytest.approx(1.0, abs=1e-9)  # off policy: the ratio moved
+    for a, b in zip(torch.autograd.grad(loss, params), torch.autograd.grad(want, params), strict=True):
+        assert torch.allclose(a, b, rtol=1e-7, atol=1e-12)
+
+
+def test_grpo_guard_trains_through_the_loop_and_refuses_the_constant_free_log_prob(tmp_path):
+    from vgrpo_platform.algo.surrogates.configs import GRPOGuardConfig
+
+    with pytest.raises(ValueError, match="ratio_norm needs Gaussian"):
+        GRPOGuardConfig(sde_kind="cps", noise_level=0.8, cps_log_prob="constant_free")
+    records, _ = surrogate_toy_run(
+        tmp_path, "grpo_guard", "rollout.steps=3", "train.gradient_steps_per_iteration=2"
+    )
+    assert all(math.isfinite(r["loss"]) and r["sde_steps"] == 3.0 for r in records)

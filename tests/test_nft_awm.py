@@ -207,6 +207,7 @@ def test_the_baselines_register_with_documented_options():
         "dance_grpo": FlowGRPOSurrogate,
         "flow_grpo_fast": FlowGRPOSurrogate,
         "flow_grpo_cps": FlowGRPOSurrogate,
+        "grpo_guard": FlowGRPOSurrogate,
         "diffusion_nft": DiffusionNFTSurrogate,
         "awm": AWMSurrogate,
         "awm_authors": AWMSurrogate,

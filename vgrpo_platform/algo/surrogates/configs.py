@@ -145,6 +145,14 @@ class FlowGRPOConfig(PluginConfig):
         description="'cps' steps' log-prob: 'gaussian' = log N(x; mu, std^2); 'constant_free' = "
         "-mean_d (x - mu)^2, as the CPS authors' code (log-ratios 2 std^2 times smaller).",
     )
+    ratio_norm: bool = Field(
+        False,
+        description="GRPO-Guard's ratio normalisation: log rho = (log p - log p_old + b) std, b = "
+        "mean_d (mu - mu_old)^2 / (2 std^2), so the ratio is centred at 1 with a step-independent spread.",
+    )
+    step_reweight: bool = Field(
+        False, description="GRPO-Guard's gradient reweighting: each step's PPO term times 1 / |dt|."
+    )
     shared_initial_noise: bool = Field(
         False,
         description="One initial noise per prompt group (DanceGRPO, Flow-GRPO-Fast's branching); "
@@ -168,6 +176,11 @@ class FlowGRPOConfig(PluginConfig):
         if self.sde_kind == "cps" and self.noise_level > 1:
             raise ValueError(
                 f"sde_kind = 'cps' needs noise_level in (0, 1] (the angle a pi / 2), got {self.noise_level}"
+            )
+        if self.ratio_norm and self.sde_kind == "cps" and self.cps_log_prob == "constant_free":
+            raise ValueError(
+                "ratio_norm needs Gaussian step log-probs: "
+                "set cps_log_prob = 'gaussian' or ratio_norm = false"
             )
         return self
 
@@ -216,6 +229,15 @@ class FlowGRPOCPSConfig(FlowGRPOFastConfig):
     )
     window_size: int | None = Field(3, ge=1, description="CPS (and trained) steps of the branch (3).")
     shared_initial_noise: bool = Field(False, description="Independent initial noise (same_latent = False).")
+
+
+class GRPOGuardConfig(FlowGRPOConfig):
+    """GRPO-Guard (docs/method.md section 6): Flow-GRPO with ratio normalisation and 1 / |dt| gradient
+    reweighting (Wang et al., "GRPO-Guard: Mitigating Implicit Over-Optimization in Flow Matching via
+    Regulated Clipping")."""
+
+    ratio_norm: bool = Field(True, description="Ratio normalisation (GRPO-Guard's RatioNorm).")
+    step_reweight: bool = Field(True, description="Each step's PPO term times 1 / |dt| (GRPO-Guard).")
 
 
 class DiffusionNFTConfig(PluginConfig):

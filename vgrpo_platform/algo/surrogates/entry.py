@@ -2,10 +2,11 @@
 
 ``vgrpo`` is the method; ``elbo_naive`` is the same estimator with the three variance-reduction
 techniques off (independent pairs per sample, i.i.d. timesteps, plain MSE), the paper's baseline
-that oscillates or diverges. ``flow_grpo`` (with MixGRPO's window and CPS steps as options),
-``dance_grpo``, ``flow_grpo_fast`` and ``flow_grpo_cps`` (presets of its options), ``diffusion_nft``,
-``awm``, ``awm_authors`` (AWM as its authors ship it), ``diffusion_dpo`` (online Diffusion-DPO) and
-``dgpo`` are the baselines of docs/method.md section 6, behind the same interfaces.
+that oscillates or diverges. ``flow_grpo`` (with MixGRPO's window, CPS steps and GRPO-Guard's ratio as
+options), ``dance_grpo``, ``flow_grpo_fast``, ``flow_grpo_cps`` and ``grpo_guard`` (presets of its
+options), ``diffusion_nft``, ``awm``, ``awm_authors`` (AWM as its authors ship it), ``diffusion_dpo``
+(online Diffusion-DPO) and ``dgpo`` are the baselines of docs/method.md section 6, behind the same
+interfaces.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from vgrpo_platform.algo.surrogates.configs import (  # re-exported: the configs
     FlowGRPOConfig,
     FlowGRPOCPSConfig,
     FlowGRPOFastConfig,
+    GRPOGuardConfig,
     NaiveELBOConfig,
     OnlineDPOConfig,
     VGRPOConfig,
@@ -40,6 +42,7 @@ __all__ = [
     "AWMAuthorsConfig",
     "OnlineDPOConfig",
     "DGPOConfig",
+    "GRPOGuardConfig",
 ]
 
 
@@ -158,6 +161,14 @@ def register_components() -> list[Component]:
             OnlineDPOConfig,
             "Online Diffusion-DPO: each group's best vs worst sample as a preference pair, ELBO form, "
             "frozen reference.",
+        ),
+        Component(
+            "surrogate",
+            "grpo_guard",
+            build_flow_grpo,
+            GRPOGuardConfig,
+            "GRPO-Guard: Flow-GRPO with normalised per-step ratios (centred at 1, step-independent "
+            "spread) and 1/|dt| gradient reweighting.",
         ),
         Component(
             "surrogate",

@@ -9,7 +9,8 @@ stochastic and trained; the window moves every ``window_shift_every`` iterations
 give DanceGRPO (``diffusion = "constant"``, ``shared_initial_noise``, ``train_fraction``: each sample
 trains its own random subset of the steps) and Flow-GRPO-Fast (``window_placement = "random"``: a
 short SDE branch at a random early step); ``sde_kind = "cps"`` swaps the SDE step for CPS's
-coefficients-preserving one (``sde.cps_step``); see ``surrogates/entry.py`` and docs/method.md section 6.
+coefficients-preserving one (``sde.cps_step``); ``ratio_norm`` and ``step_reweight`` are GRPO-Guard's
+normalised ratio and ``1 / |dt|`` step weights; see ``surrogates/entry.py`` and docs/method.md section 6.
 
 ``rollout`` returns a ``FlowGRPOState`` (batch-first; the loop joins the chunks' into ``batch.state``):
 ``trajectory`` ``[B, T+1, *L]`` (at least float32), ``timesteps`` ``[B, T+1]``, ``old_log_prob``
@@ -50,6 +51,7 @@ class FlowGRPOState(BatchState):
     sde_mask: torch.Tensor  # [B, T] float, 1 where the step is an SDE step
     train_mask: torch.Tensor | None = None  # [B, T] float, 1 where the sample trains the step (prepare)
     ref_mean: torch.Tensor | None = None  # [B, T, *L], the reference's step means (kl_beta > 0)
+    old_mean: torch.Tensor | None = None  # [B, T, *L], the rollout's step means (ratio_norm)
 
 
 def euler_grid(
@@ -196,7 +198,7 @@ class FlowGRPOSurrogate(SurrogateBase):
         mask = self._window(steps, generator)
         if self.config.sde_kind == "cps":  # the CPS step to t = 0 has std 0: deterministic, never trained
             mask = mask & (grid[1:] > 0).cpu()
-        trajectory, log_probs = [z], []
+        trajectory, log_probs, means = [z], [], []
         for i in range(steps):
             t, t_next = grid[i].expand(b), grid[i + 1].expand(b)
             if mask[i]:
@@ -204,16 +206,19 @@ class FlowGRPOSurrogate(SurrogateBase):
                 eps = torch.randn(z.shape, generator=generator, device=generator.device).to(device, z.dtype)
                 z = mean + std.reshape(b, *(1,) * latent_ndim) * eps
                 log_probs.append(self._log_prob(z, mean, std, latent_ndim))
+                means.append(mean)
             else:
                 v = adapter.predict(z.to(noise.dtype), t, cond).to(z.dtype)
                 z = sde.ode_step(z, v, t, t_next)
                 log_probs.append(torch.zeros(b, device=device, dtype=z.dtype))
+                means.append(z)
             trajectory.append(z)
         state = FlowGRPOState(
             trajectory=torch.stack(trajectory, dim=1),  # [B, T+1, *L]
             timesteps=grid.expand(b, steps + 1).clone(),  # [B, T+1]
             old_log_prob=torch.stack(log_probs, dim=1),  # [B, T]
             sde_mask=mask.to(device=device, dtype=torch.float32).expand(b, steps).clone(),  # [B, T]
+            old_mean=torch.stack(means, dim=1) if self.config.ratio_norm else None,  # [B, T, *L]
         )
         return z.to(noise.dtype), state
 
@@ -294,11 +299,21 @@ class FlowGRPOSurrogate(SurrogateBase):
             )
             log_prob = self._log_prob(traj[rows, j + 1], mean, std, latent_ndim)  # [b_j]
             log_ratio = log_prob - old_lp[rows, j]
+            if cfg.ratio_norm:  # GRPO-Guard: centre the log-ratio at 0 and scale it by the step std
+                if state.old_mean is None:
+                    raise ValueError(
+                        "ratio_norm needs the rollout's step means (old_mean): rerun its rollout()"
+                    )
+                bias = sde.std_kl(mean, state.old_mean[rows, j], std, latent_ndim)
+                log_ratio = (log_ratio + bias) * std.to(log_ratio.dtype)
             rho = torch.exp(log_ratio)
             adv = adv_all[rows]
             unclipped = -adv * rho
             clipped = -adv * rho.clamp(1.0 - cfg.clip_range, 1.0 + cfg.clip_range)
-            policy_terms.append(torch.maximum(unclipped, clipped))  # [b_j]
+            term = torch.maximum(unclipped, clipped)  # [b_j]
+            if cfg.step_reweight:  # GRPO-Guard: equalise the steps' gradient scale
+                term = term / (t - t_next).to(term.dtype)
+            policy_terms.append(term)
             ratios.append(rho.detach())
             log_ratios.append(log_ratio.detach())
             if cfg.kl_beta > 0:
