@@ -558,3 +558,65 @@ def test_grpo_guard_trains_through_the_loop_and_refuses_the_constant_free_log_pr
         tmp_path, "grpo_guard", "rollout.steps=3", "train.gradient_steps_per_iteration=2"
     )
     assert all(math.isfinite(r["loss"]) and r["sde_steps"] == 3.0 for r in records)
+
+
+# ------------------------------------------------------------------ Flow-DPPO
+
+
+def independent_step_terms(adapter, old_adapter, batch, steps):
+    """Per (step, sample): ``rho``, the exact step KL to the rollout policy, and ``-A rho``, from
+    torch.distributions and the Flow-GRPO step written out."""
+    traj, grid = batch.state.trajectory, batch.state.timesteps.to(DT)
+    adv = batch.advantages.clamp(-5, 5)
+    rhos, kls = [], []
+    for j in range(steps):
+        t, tn = grid[:, j], grid[:, j + 1]
+        s = 0.7 * torch.sqrt(t / (1 - t.clamp_max(grid[:, 1])))
+        std = s * torch.sqrt(t - tn)
+        c = (s**2 / (2 * t))[:, None, None]
+        z = traj[:, j]
+        mus = []
+        for model in (adapter, old_adapter):
+            v = model.predict(z, t, batch.cond)
+            mus.append(z + (v + c * (z + (1 - t)[:, None, None] * v)) * (tn - t)[:, None, None])
+        mu, mu_old = mus[0], mus[1].detach()
+        new = Independent(Normal(mu, std[:, None, None].expand_as(mu)), 2)
+        old = Independent(Normal(mu_old, std[:, None, None].expand_as(mu)), 2)
+        rhos.append(torch.exp((new.log_prob(traj[:, j + 1]) - old.log_prob(traj[:, j + 1])) / 6))
+        kls.append(kl_divergence(new, old) / 6)  # per latent element
+    return torch.stack(rhos), torch.stack(kls), adv
+
+
+def test_flow_dppo_masks_exactly_the_far_and_further_pushing_steps():
+    from vgrpo_platform.algo.surrogates.configs import FlowDPPOConfig
+
+    adapter = TinyAdapter()
+    probe = FlowGRPOSurrogate(FlowGRPOConfig(kl_beta=0.0, trust_region="kl_mask"))
+    batch = make_batch(adapter, probe, steps=4)
+    with torch.no_grad():
+        for p in adapter.denoiser.parameters():
+            p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(5), dtype=DT))
+    rho, kl, adv = independent_step_terms(adapter, TinyAdapter(), batch, 4)
+    tau = float(kl.detach().median())
+    cfg = FlowDPPOConfig(window_size=None, kl_mask_threshold=tau)
+    surrogate = FlowGRPOSurrogate(cfg)
+    loss, metrics = surrogate.loss(batch, adapter)
+    pushing = ((rho > 1) & (adv > 0)) | ((rho < 1) & (adv < 0))
+    drop = (kl >= tau) & pushing
+    assert 0 < int(drop.sum()) < drop.numel()  # the check sees both kinds
+    want = torch.where(drop, torch.zeros_like(rho), -adv * rho).mean()
+    assert float(loss.detach()) == pytest.approx(float(want.detach()), rel=1e-9)
+    assert metrics["masked_fraction"] == pytest.approx(float(drop.float().mean()))
+    assert metrics["kl_old_mean"] == pytest.approx(float(kl.detach().mean()), rel=1e-9)
+    params = list(adapter.denoiser.parameters())
+    for a, b in zip(torch.autograd.grad(loss, params), torch.autograd.grad(want, params), strict=True):
+        assert torch.allclose(a, b, rtol=1e-7, atol=1e-12)
+
+
+def test_flow_dppo_trains_through_the_loop(tmp_path):
+    records, trainer = surrogate_toy_run(
+        tmp_path, "flow_dppo", "rollout.steps=6", "train.gradient_steps_per_iteration=2"
+    )
+    assert [r["sde_steps"] for r in records] == [3.0, 3.0]
+    assert all(0 <= r["masked_fraction"] <= 1 and math.isfinite(r["loss"]) for r in records)
+    assert trainer.session.surrogate.needs_exact_rollouts

@@ -208,6 +208,7 @@ def test_the_baselines_register_with_documented_options():
         "flow_grpo_fast": FlowGRPOSurrogate,
         "flow_grpo_cps": FlowGRPOSurrogate,
         "grpo_guard": FlowGRPOSurrogate,
+        "flow_dppo": FlowGRPOSurrogate,
         "diffusion_nft": DiffusionNFTSurrogate,
         "awm": AWMSurrogate,
         "awm_authors": AWMSurrogate,

@@ -153,6 +153,18 @@ class FlowGRPOConfig(PluginConfig):
     step_reweight: bool = Field(
         False, description="GRPO-Guard's gradient reweighting: each step's PPO term times 1 / |dt|."
     )
+    trust_region: Literal["clip", "kl_mask"] = Field(
+        "clip",
+        description="'clip' = PPO's ratio clip; 'kl_mask' = Flow-DPPO: the unclipped -A rho, dropped where "
+        "the exact step KL to the rollout policy is >= kl_mask_threshold and the step moves further in the "
+        "advantage's direction (rho > 1, A > 0 or rho < 1, A < 0).",
+    )
+    kl_mask_threshold: float = Field(
+        1e-5,
+        gt=0,
+        description="Flow-DPPO's tau on mean_d (mu - mu_old)^2 / (2 std^2), the per-element step KL "
+        "(Flow-DPPO: 1e-5).",
+    )
     shared_initial_noise: bool = Field(
         False,
         description="One initial noise per prompt group (DanceGRPO, Flow-GRPO-Fast's branching); "
@@ -238,6 +250,20 @@ class GRPOGuardConfig(FlowGRPOConfig):
 
     ratio_norm: bool = Field(True, description="Ratio normalisation (GRPO-Guard's RatioNorm).")
     step_reweight: bool = Field(True, description="Each step's PPO term times 1 / |dt| (GRPO-Guard).")
+
+
+class FlowDPPOConfig(FlowGRPOConfig):
+    """Flow-DPPO (docs/method.md section 6): Flow-GRPO's SDE steps with the KL-masked trust region in
+    place of the ratio clip, on a 3-step SDE window in the first half, no KL to the reference (Ping et
+    al., "Flow-DPPO: Divergence Proximal Policy Optimization for Flow Matching Models")."""
+
+    trust_region: Literal["clip", "kl_mask"] = Field("kl_mask", description="The KL-masked update.")
+    window_size: int | None = Field(3, ge=1, description="SDE (and trained) steps per rollout (3).")
+    window_placement: Literal["sliding", "random"] = Field(
+        "random", description="A random SDE window each iteration..."
+    )
+    window_range: float = Field(0.5, gt=0, le=1, description="...in the first half of the steps.")
+    kl_beta: float = Field(0.0, ge=0, description="Flow-DPPO trains without a reference KL (beta 0).")
 
 
 class DiffusionNFTConfig(PluginConfig):

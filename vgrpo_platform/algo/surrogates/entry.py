@@ -2,11 +2,11 @@
 
 ``vgrpo`` is the method; ``elbo_naive`` is the same estimator with the three variance-reduction
 techniques off (independent pairs per sample, i.i.d. timesteps, plain MSE), the paper's baseline
-that oscillates or diverges. ``flow_grpo`` (with MixGRPO's window, CPS steps and GRPO-Guard's ratio as
-options), ``dance_grpo``, ``flow_grpo_fast``, ``flow_grpo_cps`` and ``grpo_guard`` (presets of its
-options), ``diffusion_nft``, ``awm``, ``awm_authors`` (AWM as its authors ship it), ``diffusion_dpo``
-(online Diffusion-DPO) and ``dgpo`` are the baselines of docs/method.md section 6, behind the same
-interfaces.
+that oscillates or diverges. ``flow_grpo`` (options: MixGRPO's window, CPS steps, GRPO-Guard's
+ratio, Flow-DPPO's KL mask), ``dance_grpo``, ``flow_grpo_fast``, ``flow_grpo_cps``, ``grpo_guard`` and
+``flow_dppo`` (presets of its options), ``diffusion_nft``, ``awm``, ``awm_authors`` (AWM as its authors
+ship it), ``diffusion_dpo`` (online Diffusion-DPO) and ``dgpo`` are the baselines of docs/method.md
+section 6, behind the same interfaces.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from vgrpo_platform.algo.surrogates.configs import (  # re-exported: the configs
     DanceGRPOConfig,
     DGPOConfig,
     DiffusionNFTConfig,
+    FlowDPPOConfig,
     FlowGRPOConfig,
     FlowGRPOCPSConfig,
     FlowGRPOFastConfig,
@@ -43,6 +44,7 @@ __all__ = [
     "OnlineDPOConfig",
     "DGPOConfig",
     "GRPOGuardConfig",
+    "FlowDPPOConfig",
 ]
 
 
@@ -169,6 +171,14 @@ def register_components() -> list[Component]:
             GRPOGuardConfig,
             "GRPO-Guard: Flow-GRPO with normalised per-step ratios (centred at 1, step-independent "
             "spread) and 1/|dt| gradient reweighting.",
+        ),
+        Component(
+            "surrogate",
+            "flow_dppo",
+            build_flow_grpo,
+            FlowDPPOConfig,
+            "Flow-DPPO: Flow-GRPO's SDE steps with a KL-masked trust region (exact Gaussian step KL) "
+            "in place of the ratio clip.",
         ),
         Component(
             "surrogate",

@@ -10,7 +10,8 @@ give DanceGRPO (``diffusion = "constant"``, ``shared_initial_noise``, ``train_fr
 trains its own random subset of the steps) and Flow-GRPO-Fast (``window_placement = "random"``: a
 short SDE branch at a random early step); ``sde_kind = "cps"`` swaps the SDE step for CPS's
 coefficients-preserving one (``sde.cps_step``); ``ratio_norm`` and ``step_reweight`` are GRPO-Guard's
-normalised ratio and ``1 / |dt|`` step weights; see ``surrogates/entry.py`` and docs/method.md section 6.
+normalised ratio and ``1 / |dt|`` step weights, ``trust_region = "kl_mask"`` Flow-DPPO's KL-masked
+update; see ``surrogates/entry.py`` and docs/method.md section 6.
 
 ``rollout`` returns a ``FlowGRPOState`` (batch-first; the loop joins the chunks' into ``batch.state``):
 ``trajectory`` ``[B, T+1, *L]`` (at least float32), ``timesteps`` ``[B, T+1]``, ``old_log_prob``
@@ -169,6 +170,11 @@ class FlowGRPOSurrogate(SurrogateBase):
         mean = sde.sde_step_mean(z, v, t, t_next, s)
         return mean, sde.step_std(s, t, t_next), s
 
+    @property
+    def _needs_old_mean(self) -> bool:
+        """GRPO-Guard's bias and Flow-DPPO's KL mask compare the step means with the rollout's."""
+        return self.config.ratio_norm or self.config.trust_region == "kl_mask"
+
     def _log_prob(
         self, x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, latent_ndim: int
     ) -> torch.Tensor:
@@ -218,7 +224,7 @@ class FlowGRPOSurrogate(SurrogateBase):
             timesteps=grid.expand(b, steps + 1).clone(),  # [B, T+1]
             old_log_prob=torch.stack(log_probs, dim=1),  # [B, T]
             sde_mask=mask.to(device=device, dtype=torch.float32).expand(b, steps).clone(),  # [B, T]
-            old_mean=torch.stack(means, dim=1) if self.config.ratio_norm else None,  # [B, T, *L]
+            old_mean=torch.stack(means, dim=1) if self._needs_old_mean else None,  # [B, T, *L]
         )
         return z.to(noise.dtype), state
 
@@ -291,6 +297,8 @@ class FlowGRPOSurrogate(SurrogateBase):
         latent_ndim = traj.ndim - 2
         adv_all = batch.advantages.float().clamp(-cfg.adv_clip, cfg.adv_clip)  # [B]
         policy_terms, kls, ratios, log_ratios = [], [], [], []
+        kl_olds: list[torch.Tensor] = []  # exact step KL to the rollout policy (ratio_norm, kl_mask)
+        dropped: list[torch.Tensor] = []  # Flow-DPPO's masked (sample, step) pairs
         for j, rows in self._trained_rows(state):
             t, t_next = grid[rows, j], grid[rows, j + 1]
             cond = _rows_of(batch.cond, rows)
@@ -299,18 +307,29 @@ class FlowGRPOSurrogate(SurrogateBase):
             )
             log_prob = self._log_prob(traj[rows, j + 1], mean, std, latent_ndim)  # [b_j]
             log_ratio = log_prob - old_lp[rows, j]
-            if cfg.ratio_norm:  # GRPO-Guard: centre the log-ratio at 0 and scale it by the step std
+            old_kl = None
+            if self._needs_old_mean:
                 if state.old_mean is None:
                     raise ValueError(
-                        "ratio_norm needs the rollout's step means (old_mean): rerun its rollout()"
+                        "ratio_norm / kl_mask need the rollout's step means (old_mean): rerun its rollout()"
                     )
-                bias = sde.std_kl(mean, state.old_mean[rows, j], std, latent_ndim)
-                log_ratio = (log_ratio + bias) * std.to(log_ratio.dtype)
+                old_kl = sde.std_kl(mean, state.old_mean[rows, j], std, latent_ndim)  # [b_j]
+                kl_olds.append(old_kl.detach())
+            if cfg.ratio_norm:  # GRPO-Guard: centre the log-ratio at 0 and scale it by the step std
+                assert old_kl is not None
+                log_ratio = (log_ratio + old_kl) * std.to(log_ratio.dtype)
             rho = torch.exp(log_ratio)
             adv = adv_all[rows]
             unclipped = -adv * rho
-            clipped = -adv * rho.clamp(1.0 - cfg.clip_range, 1.0 + cfg.clip_range)
-            term = torch.maximum(unclipped, clipped)  # [b_j]
+            if cfg.trust_region == "kl_mask":  # Flow-DPPO: drop far, further-pushing steps; no clip
+                assert old_kl is not None
+                pushing = ((rho > 1) & (adv > 0)) | ((rho < 1) & (adv < 0))
+                drop = (old_kl >= cfg.kl_mask_threshold) & pushing
+                dropped.append(drop.detach())
+                term = torch.where(drop, torch.zeros_like(unclipped), unclipped)
+            else:
+                clipped = -adv * rho.clamp(1.0 - cfg.clip_range, 1.0 + cfg.clip_range)
+                term = torch.maximum(unclipped, clipped)  # [b_j]
             if cfg.step_reweight:  # GRPO-Guard: equalise the steps' gradient scale
                 term = term / (t - t_next).to(term.dtype)
             policy_terms.append(term)
@@ -344,6 +363,10 @@ class FlowGRPOSurrogate(SurrogateBase):
                 "policy_objective": float(-policy),
                 "sde_steps": float(len(rho) / len(batch)),  # trained steps per sample
             }
+            if kl_olds:
+                metrics["kl_old_mean"] = float(torch.cat(kl_olds).mean())
+            if dropped:
+                metrics["masked_fraction"] = float(torch.cat(dropped).float().mean())
         return loss, metrics
 
 
