@@ -17,7 +17,8 @@ update; see ``surrogates/entry.py`` and docs/method.md section 6.
 ``trajectory`` ``[B, T+1, *L]`` (at least float32), ``timesteps`` ``[B, T+1]``, ``old_log_prob``
 ``[B, T]``, ``sde_mask`` ``[B, T]`` (1 where the step is an SDE step); ``prepare`` completes it with
 ``train_mask`` ``[B, T]`` (1 where the sample trains the step) and with ``kl_beta > 0`` ``ref_mean``
-``[B, T, *L]``.
+``[B, T, *L]``. With ``ratio_norm`` or ``trust_region = "kl_mask"`` the rollout also keeps its step means,
+``old_mean`` ``[B, T, *L]`` (as much memory again as the trajectory).
 
 Memory: ``loss`` keeps the graph of every trained step of the micro-batch at once (one backward per
 micro-batch, as the surrogate contract has it); MixGRPO's window bounds that to ``window_size``.
