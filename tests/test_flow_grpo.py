@@ -400,3 +400,223 @@ def test_the_flow_grpo_presets_train_through_the_loop(tmp_path, name):
     want = 3.0 if name == "dance_grpo" else 2.0  # int(0.6 * 5) random steps; a 2-step branch
     assert [r["sde_steps"] for r in records] == [want, want]
     assert all(math.isfinite(r["loss"]) for r in records)
+
+
+# ------------------------------------------------------------------ CPS (coefficients-preserving sampling)
+
+
+def test_cps_step_is_the_papers_formula_written_out():
+    g = torch.Generator().manual_seed(11)
+    z, v = torch.randn(3, 2, 3, generator=g, dtype=DT), torch.randn(3, 2, 3, generator=g, dtype=DT)
+    t, tn = torch.tensor([1.0, 0.5, 0.2], dtype=DT), torch.tensor([0.8, 0.4, 0.0], dtype=DT)
+    mean, std = sde.cps_step(z, v, t, tn, 0.8)
+    for i in range(3):
+        sig, sig_next = float(t[i]), float(tn[i])
+        want_std = sig_next * math.sin(0.8 * math.pi / 2)
+        x0_hat, x1_hat = z[i] - sig * v[i], z[i] + v[i] * (1 - sig)
+        want = x0_hat * (1 - sig_next) + x1_hat * math.sqrt(max(sig_next**2 - want_std**2, 0.0))
+        assert float(std[i]) == pytest.approx(want_std, abs=1e-15)
+        assert torch.allclose(mean[i], want)
+
+
+def test_cps_keeps_the_noise_coefficient_of_the_marginal_for_an_exact_model():
+    """For data at one point x0, the exact velocity is (z - x0) / t; a CPS step from any z_t then lands
+    exactly on the noising law at t_next, N((1 - t_next) x0, t_next^2), in one step; the Flow-GRPO SDE
+    step does not (its excess noise is what CPS removes)."""
+    g = torch.Generator().manual_seed(12)
+    n, x0, t, tn = 200_000, 0.6, 0.7, 0.3
+    z = (1 - t) * x0 + t * torch.randn(n, 1, generator=g, dtype=DT)
+    v = (z - x0) / t
+    tt, ttn = torch.full((n,), t, dtype=DT), torch.full((n,), tn, dtype=DT)
+    mean, std = sde.cps_step(z, v, tt, ttn, 0.8)
+    z_next = mean + std[:, None] * torch.randn(n, 1, generator=g, dtype=DT)
+    assert float(z_next.mean()) == pytest.approx((1 - tn) * x0, abs=3e-3)
+    assert float(z_next.std()) == pytest.approx(tn, rel=5e-3)
+    s = sde.sde_diffusion(tt, 0.7)
+    sde_next = sde.sde_step_mean(z, v, tt, ttn, s) + sde.step_std(s, tt, ttn)[:, None] * torch.randn(
+        n, 1, generator=g, dtype=DT
+    )
+    assert abs(float(sde_next.std()) / tn - 1) > 0.05
+
+
+@pytest.mark.parametrize("log_prob", ["gaussian", "constant_free"])
+def test_cps_rollout_log_probs_and_deterministic_last_step(log_prob):
+    adapter = TinyAdapter()
+    surrogate = FlowGRPOSurrogate(
+        FlowGRPOConfig(sde_kind="cps", noise_level=0.8, cps_log_prob=log_prob, kl_beta=0.0)
+    )
+    batch = make_batch(adapter, surrogate, steps=4)
+    traj, grid, old = batch.state.trajectory, batch.state.timesteps.to(DT), batch.state.old_log_prob
+    assert batch.state.sde_mask[0].tolist() == [1, 1, 1, 0]  # the step to t = 0 has std 0
+    assert torch.all(old[:, 3] == 0)
+    with torch.no_grad():
+        for j in range(4):
+            t, tn = grid[:, j], grid[:, j + 1]
+            v = adapter.predict(traj[:, j], t, batch.cond)
+            ang = 0.8 * math.pi / 2
+            x0_hat, x1_hat = traj[:, j] - t[:, None, None] * v, traj[:, j] + (1 - t[:, None, None]) * v
+            mean = (1 - tn)[:, None, None] * x0_hat + (tn * math.cos(ang))[:, None, None] * x1_hat
+            if j == 3:
+                assert torch.allclose(traj[:, 4], mean)  # x0_hat: the Euler step to 0
+                continue
+            std = (tn * math.sin(ang))[:, None, None]
+            if log_prob == "gaussian":
+                want = Normal(mean, std).log_prob(traj[:, j + 1]).mean(dim=(1, 2))
+            else:
+                want = -(traj[:, j + 1] - mean).square().mean(dim=(1, 2))
+            assert torch.allclose(old[:, j], want, atol=1e-10), j
+    loss, metrics = surrogate.loss(batch, adapter)
+    assert metrics["ratio_min"] == pytest.approx(1.0, abs=1e-12) and metrics["sde_steps"] == 3.0
+    assert loss.requires_grad
+
+
+def test_cps_kl_is_the_gaussian_kl_of_its_steps_and_its_noise_level_is_checked():
+    g = torch.Generator().manual_seed(13)
+    mu, mu_ref = torch.randn(4, 2, 3, generator=g, dtype=DT), torch.randn(4, 2, 3, generator=g, dtype=DT)
+    std = torch.tensor([0.3, 0.2, 0.1, 0.05], dtype=DT)
+    step = lambda mean: Independent(Normal(mean, std[:, None, None].expand_as(mean)), 2)  # noqa: E731
+    assert torch.allclose(sde.std_kl(mu, mu_ref, std, 2), kl_divergence(step(mu), step(mu_ref)) / 6)
+    with pytest.raises(ValueError, match="noise_level in"):
+        FlowGRPOConfig(sde_kind="cps", noise_level=1.5)
+
+
+def test_cps_trains_through_the_loop_as_an_option_and_as_its_preset(tmp_path):
+    records, _ = surrogate_toy_run(
+        tmp_path / "a", "flow_grpo", "surrogate.options.sde_kind='cps'", "surrogate.options.noise_level=0.8"
+    )
+    assert all(math.isfinite(r["loss"]) and r["kl"] >= 0 for r in records)
+    records, trainer = surrogate_toy_run(tmp_path / "b", "flow_grpo_cps", "rollout.steps=6")
+    assert [r["sde_steps"] for r in records] == [3.0, 3.0]  # its 3-step branch in the first half
+    assert trainer.session.surrogate.needs_exact_rollouts
+
+
+# ------------------------------------------------------------------ GRPO-Guard
+
+
+def test_ratio_normalisation_centres_the_log_ratio_that_plain_ratios_shift_left():
+    g = torch.Generator().manual_seed(21)
+    n, std = 400_000, torch.tensor([0.2], dtype=DT)
+    mu_old, mu_new = torch.zeros(1, 1, dtype=DT), torch.full((1, 1), 0.1, dtype=DT)
+    x = mu_old + std * torch.randn(n, 1, generator=g, dtype=DT)  # samples of the rollout policy
+    raw = sde.gaussian_log_prob(x, mu_new.expand_as(x), std.expand(n), 1) - sde.gaussian_log_prob(
+        x, mu_old.expand_as(x), std.expand(n), 1
+    )
+    bias = sde.std_kl(mu_new, mu_old, std, 1)  # 0.1^2 / (2 0.2^2) = 0.125
+    assert float(bias) == pytest.approx(0.125)
+    assert float(raw.mean()) == pytest.approx(-0.125, abs=3e-3)  # E[log rho] = -KL < 0: shifted left
+    assert float((raw + bias).mean()) == pytest.approx(0.0, abs=3e-3)
+
+
+def test_grpo_guard_loss_is_its_formula_written_out_off_policy():
+    from vgrpo_platform.algo.surrogates.configs import GRPOGuardConfig
+
+    adapter = TinyAdapter()
+    cfg = GRPOGuardConfig(kl_beta=0.0, clip_range=0.05)
+    surrogate = FlowGRPOSurrogate(cfg)
+    batch = make_batch(adapter, surrogate, steps=4)
+    assert batch.state.old_mean is not None
+    with torch.no_grad():
+        for p in adapter.denoiser.parameters():
+            p.add_(0.02)
+    old_adapter = TinyAdapter()  # same seed: the rollout weights
+    params = list(adapter.denoiser.parameters())
+    loss, metrics = surrogate.loss(batch, adapter)
+    traj, grid = batch.state.trajectory, batch.state.timesteps.to(DT)
+    adv = batch.advantages.clamp(-5, 5)
+    terms = []
+    for j in range(4):
+        t, tn = grid[:, j], grid[:, j + 1]
+        s = 0.7 * torch.sqrt(t / (1 - t.clamp_max(grid[:, 1])))
+        std = s * torch.sqrt(t - tn)
+
+        def step_mean(model, j=j, t=t, tn=tn, s=s):
+            z = traj[:, j]
+            v = model.predict(z, t, batch.cond)
+            c = (s**2 / (2 * t))[:, None, None]
+            return z + (v + c * (z + (1 - t)[:, None, None] * v)) * (tn - t)[:, None, None]
+
+        mu, mu_old = step_mean(adapter), step_mean(old_adapter).detach()
+        lp_new = Normal(mu, std[:, None, None]).log_prob(traj[:, j + 1]).mean(dim=(1, 2))
+        lp_old = Normal(mu_old, std[:, None, None]).log_prob(traj[:, j + 1]).mean(dim=(1, 2))
+        b = (mu - mu_old).square().mean(dim=(1, 2)) / (2 * std**2)
+        rho = torch.exp((lp_new - lp_old + b) * std)
+        term = torch.maximum(-adv * rho, -adv * rho.clamp(0.95, 1.05)) / (t - tn)
+        terms.append(term)
+    want = torch.stack(terms).mean()
+    assert float(loss.detach()) == pytest.approx(float(want.detach()), rel=1e-9)
+    assert metrics["ratio_min"] != pytest.approx(1.0, abs=1e-9)  # off policy: the ratio moved
+    for a, b in zip(torch.autograd.grad(loss, params), torch.autograd.grad(want, params), strict=True):
+        assert torch.allclose(a, b, rtol=1e-7, atol=1e-12)
+
+
+def test_grpo_guard_trains_through_the_loop_and_refuses_the_constant_free_log_prob(tmp_path):
+    from vgrpo_platform.algo.surrogates.configs import GRPOGuardConfig
+
+    with pytest.raises(ValueError, match="ratio_norm needs Gaussian"):
+        GRPOGuardConfig(sde_kind="cps", noise_level=0.8, cps_log_prob="constant_free")
+    records, _ = surrogate_toy_run(
+        tmp_path, "grpo_guard", "rollout.steps=3", "train.gradient_steps_per_iteration=2"
+    )
+    assert all(math.isfinite(r["loss"]) and r["sde_steps"] == 3.0 for r in records)
+
+
+# ------------------------------------------------------------------ Flow-DPPO
+
+
+def independent_step_terms(adapter, old_adapter, batch, steps):
+    """Per (step, sample): ``rho``, the exact step KL to the rollout policy, and ``-A rho``, from
+    torch.distributions and the Flow-GRPO step written out."""
+    traj, grid = batch.state.trajectory, batch.state.timesteps.to(DT)
+    adv = batch.advantages.clamp(-5, 5)
+    rhos, kls = [], []
+    for j in range(steps):
+        t, tn = grid[:, j], grid[:, j + 1]
+        s = 0.7 * torch.sqrt(t / (1 - t.clamp_max(grid[:, 1])))
+        std = s * torch.sqrt(t - tn)
+        c = (s**2 / (2 * t))[:, None, None]
+        z = traj[:, j]
+        mus = []
+        for model in (adapter, old_adapter):
+            v = model.predict(z, t, batch.cond)
+            mus.append(z + (v + c * (z + (1 - t)[:, None, None] * v)) * (tn - t)[:, None, None])
+        mu, mu_old = mus[0], mus[1].detach()
+        new = Independent(Normal(mu, std[:, None, None].expand_as(mu)), 2)
+        old = Independent(Normal(mu_old, std[:, None, None].expand_as(mu)), 2)
+        rhos.append(torch.exp((new.log_prob(traj[:, j + 1]) - old.log_prob(traj[:, j + 1])) / 6))
+        kls.append(kl_divergence(new, old) / 6)  # per latent element
+    return torch.stack(rhos), torch.stack(kls), adv
+
+
+def test_flow_dppo_masks_exactly_the_far_and_further_pushing_steps():
+    from vgrpo_platform.algo.surrogates.configs import FlowDPPOConfig
+
+    adapter = TinyAdapter()
+    probe = FlowGRPOSurrogate(FlowGRPOConfig(kl_beta=0.0, trust_region="kl_mask"))
+    batch = make_batch(adapter, probe, steps=4)
+    with torch.no_grad():
+        for p in adapter.denoiser.parameters():
+            p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(5), dtype=DT))
+    rho, kl, adv = independent_step_terms(adapter, TinyAdapter(), batch, 4)
+    tau = float(kl.detach().median())
+    cfg = FlowDPPOConfig(window_size=None, kl_mask_threshold=tau)
+    surrogate = FlowGRPOSurrogate(cfg)
+    loss, metrics = surrogate.loss(batch, adapter)
+    pushing = ((rho > 1) & (adv > 0)) | ((rho < 1) & (adv < 0))
+    drop = (kl >= tau) & pushing
+    assert 0 < int(drop.sum()) < drop.numel()  # the check sees both kinds
+    want = torch.where(drop, torch.zeros_like(rho), -adv * rho).mean()
+    assert float(loss.detach()) == pytest.approx(float(want.detach()), rel=1e-9)
+    assert metrics["masked_fraction"] == pytest.approx(float(drop.float().mean()))
+    assert metrics["kl_old_mean"] == pytest.approx(float(kl.detach().mean()), rel=1e-9)
+    params = list(adapter.denoiser.parameters())
+    for a, b in zip(torch.autograd.grad(loss, params), torch.autograd.grad(want, params), strict=True):
+        assert torch.allclose(a, b, rtol=1e-7, atol=1e-12)
+
+
+def test_flow_dppo_trains_through_the_loop(tmp_path):
+    records, trainer = surrogate_toy_run(
+        tmp_path, "flow_dppo", "rollout.steps=6", "train.gradient_steps_per_iteration=2"
+    )
+    assert [r["sde_steps"] for r in records] == [3.0, 3.0]
+    assert all(0 <= r["masked_fraction"] <= 1 and math.isfinite(r["loss"]) for r in records)
+    assert trainer.session.surrogate.needs_exact_rollouts

@@ -197,6 +197,7 @@ def test_nft_and_awm_train_through_the_loop_with_ema_updates_and_diagnostics(tmp
 
 def test_the_baselines_register_with_documented_options():
     from vgrpo_platform.algo.surrogates.configs import FlowGRPOConfig
+    from vgrpo_platform.algo.surrogates.dpo import DGPOSurrogate, OnlineDPOSurrogate
     from vgrpo_platform.algo.surrogates.entry import register_components
     from vgrpo_platform.algo.surrogates.flow_grpo import FlowGRPOSurrogate
 
@@ -205,9 +206,14 @@ def test_the_baselines_register_with_documented_options():
         "flow_grpo": FlowGRPOSurrogate,
         "dance_grpo": FlowGRPOSurrogate,
         "flow_grpo_fast": FlowGRPOSurrogate,
+        "flow_grpo_cps": FlowGRPOSurrogate,
+        "grpo_guard": FlowGRPOSurrogate,
+        "flow_dppo": FlowGRPOSurrogate,
         "diffusion_nft": DiffusionNFTSurrogate,
         "awm": AWMSurrogate,
         "awm_authors": AWMSurrogate,
+        "diffusion_dpo": OnlineDPOSurrogate,
+        "dgpo": DGPOSurrogate,
     }
     for name, cls in expected.items():
         factory, config, summary = seen[name]

@@ -21,7 +21,7 @@ from vgrpo_platform.training.observe.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "recipes" / "toy.toml"
-MDP_FAMILY = ["flow_grpo", "dance_grpo", "flow_grpo_fast"]
+MDP_FAMILY = ["flow_grpo", "dance_grpo", "flow_grpo_fast", "flow_grpo_cps", "grpo_guard", "flow_dppo"]
 
 
 # ------------------------------------------------------------------------------ refused combinations
@@ -40,7 +40,9 @@ def test_a_lossy_or_overlapped_backend_is_refused_with_the_mdp_family(surrogate,
     assert "\n" not in str(info.value) and "rollout.backend = 'in_process'" in str(info.value)
 
 
-@pytest.mark.parametrize("surrogate", ["vgrpo", "elbo_naive", "diffusion_nft", "awm", "awm_authors"])
+@pytest.mark.parametrize(
+    "surrogate", ["vgrpo", "elbo_naive", "diffusion_nft", "awm", "awm_authors", "diffusion_dpo", "dgpo"]
+)
 def test_final_sample_surrogates_accept_any_backend(surrogate):
     resolved = resolve_recipe(
         TOY, [f"surrogate.name={surrogate!r}", "rollout.backend=worker", "rollout.overlap=true"]

@@ -134,6 +134,37 @@ class FlowGRPOConfig(PluginConfig):
         "flow_grpo",
         description="SDE diffusion s(t): 'flow_grpo' = a sqrt(t / (1 - t)), 'constant' = a (DanceGRPO).",
     )
+    sde_kind: Literal["flow_grpo", "cps"] = Field(
+        "flow_grpo",
+        description="The stochastic step: 'flow_grpo' = the marginal-preserving SDE of s(t); 'cps' = "
+        "coefficients-preserving sampling, std = t_next sin(noise_level pi / 2) (CPS; noise_level in "
+        "(0, 1], the CPS configs use 0.8), the step to t = 0 deterministic and untrained.",
+    )
+    cps_log_prob: Literal["gaussian", "constant_free"] = Field(
+        "gaussian",
+        description="'cps' steps' log-prob: 'gaussian' = log N(x; mu, std^2); 'constant_free' = "
+        "-mean_d (x - mu)^2, as the CPS authors' code (log-ratios 2 std^2 times smaller).",
+    )
+    ratio_norm: bool = Field(
+        False,
+        description="GRPO-Guard's ratio normalisation: log rho = (log p - log p_old + b) std, b = "
+        "mean_d (mu - mu_old)^2 / (2 std^2), so the ratio is centred at 1 with a step-independent spread.",
+    )
+    step_reweight: bool = Field(
+        False, description="GRPO-Guard's gradient reweighting: each step's PPO term times 1 / |dt|."
+    )
+    trust_region: Literal["clip", "kl_mask"] = Field(
+        "clip",
+        description="'clip' = PPO's ratio clip; 'kl_mask' = Flow-DPPO: the unclipped -A rho, dropped where "
+        "the exact step KL to the rollout policy is >= kl_mask_threshold and the step moves further in the "
+        "advantage's direction (rho > 1, A > 0 or rho < 1, A < 0).",
+    )
+    kl_mask_threshold: float = Field(
+        1e-5,
+        gt=0,
+        description="Flow-DPPO's tau on mean_d (mu - mu_old)^2 / (2 std^2), the per-element step KL "
+        "(Flow-DPPO: 1e-5).",
+    )
     shared_initial_noise: bool = Field(
         False,
         description="One initial noise per prompt group (DanceGRPO, Flow-GRPO-Fast's branching); "
@@ -151,6 +182,19 @@ class FlowGRPOConfig(PluginConfig):
         description="Train a random subset of int(fraction * n) of each sample's n trainable steps, "
         "redrawn per sample every iteration (DanceGRPO: 0.6); 1 = all.",
     )
+
+    @model_validator(mode="after")
+    def _check_cps_noise_level(self) -> FlowGRPOConfig:
+        if self.sde_kind == "cps" and self.noise_level > 1:
+            raise ValueError(
+                f"sde_kind = 'cps' needs noise_level in (0, 1] (the angle a pi / 2), got {self.noise_level}"
+            )
+        if self.ratio_norm and self.sde_kind == "cps" and self.cps_log_prob == "constant_free":
+            raise ValueError(
+                "ratio_norm needs Gaussian step log-probs: "
+                "set cps_log_prob = 'gaussian' or ratio_norm = false"
+            )
+        return self
 
 
 class DanceGRPOConfig(FlowGRPOConfig):
@@ -183,6 +227,43 @@ class FlowGRPOFastConfig(FlowGRPOConfig):
     )
     clip_range: float = Field(1e-5, gt=0, description="Per-step PPO ratio clip (Flow-GRPO-Fast: 1e-5).")
     kl_beta: float = Field(0.0, ge=0, description="Flow-GRPO-Fast trains without a KL term.")
+
+
+class FlowGRPOCPSConfig(FlowGRPOFastConfig):
+    """Flow-GRPO-Fast with CPS steps (docs/method.md section 6), as yifan123/flow_grpo's newer GenEval
+    config: a 3-step CPS branch at a random step of the first half, noise_level 0.8, independent initial
+    noise, the authors' constant-free log-prob, clip 1e-5, no KL."""
+
+    sde_kind: Literal["flow_grpo", "cps"] = Field("cps", description="Coefficients-preserving steps (CPS).")
+    noise_level: float = Field(0.8, gt=0, description="a in std = t_next sin(a pi / 2) (their config: 0.8).")
+    cps_log_prob: Literal["gaussian", "constant_free"] = Field(
+        "constant_free", description="-mean_d (x - mu)^2, the log-prob of the CPS authors' code."
+    )
+    window_size: int | None = Field(3, ge=1, description="CPS (and trained) steps of the branch (3).")
+    shared_initial_noise: bool = Field(False, description="Independent initial noise (same_latent = False).")
+
+
+class GRPOGuardConfig(FlowGRPOConfig):
+    """GRPO-Guard (docs/method.md section 6): Flow-GRPO with ratio normalisation and 1 / |dt| gradient
+    reweighting (Wang et al., "GRPO-Guard: Mitigating Implicit Over-Optimization in Flow Matching via
+    Regulated Clipping")."""
+
+    ratio_norm: bool = Field(True, description="Ratio normalisation (GRPO-Guard's RatioNorm).")
+    step_reweight: bool = Field(True, description="Each step's PPO term times 1 / |dt| (GRPO-Guard).")
+
+
+class FlowDPPOConfig(FlowGRPOConfig):
+    """Flow-DPPO (docs/method.md section 6): Flow-GRPO's SDE steps with the KL-masked trust region in
+    place of the ratio clip, on a 3-step SDE window in the first half, no KL to the reference (Ping et
+    al., "Flow-DPPO: Divergence Proximal Policy Optimization for Flow Matching Models")."""
+
+    trust_region: Literal["clip", "kl_mask"] = Field("kl_mask", description="The KL-masked update.")
+    window_size: int | None = Field(3, ge=1, description="SDE (and trained) steps per rollout (3).")
+    window_placement: Literal["sliding", "random"] = Field(
+        "random", description="A random SDE window each iteration..."
+    )
+    window_range: float = Field(0.5, gt=0, le=1, description="...in the first half of the steps.")
+    kl_beta: float = Field(0.0, ge=0, description="Flow-DPPO trains without a reference KL (beta 0).")
 
 
 class DiffusionNFTConfig(PluginConfig):
@@ -291,3 +372,50 @@ class AWMAuthorsConfig(AWMConfig):
     kl_beta: float = Field(
         1e-3, ge=0, description="Velocity KL to the reference (AWM: 1e-4 PickScore, 1e-3 GenEval, 3e-3 OCR)."
     )
+
+
+class OnlineDPOConfig(PluginConfig):
+    """Online Diffusion-DPO (docs/method.md section 6): each group's best and worst sample form one
+    preference pair, scored by the ELBO form of Diffusion-DPO against the frozen reference."""
+
+    beta: float = Field(
+        5000.0,
+        gt=0,
+        description="Diffusion-DPO's beta T (the ELBO's step count folded in, as its code does; "
+        "paper: 5000 for SD 1.5, 2500 for SDXL).",
+    )
+    n_mc: int = Field(
+        1, ge=1, description="(t, eps) draws per sample, shared by the pair (Diffusion-DPO: 1 per step)."
+    )
+    stratified: bool = Field(True, description="One timestep in each of n_mc strata; False = i.i.d.")
+    min_reward_gap: float = Field(
+        0.0,
+        ge=0,
+        description="A group whose best and worst rewards differ by no more than this makes no pair.",
+    )
+    t_min: float = Field(1e-3, ge=0, lt=1, description="Lower clamp of drawn timesteps.")
+    t_max: float = Field(1.0 - 1e-3, gt=0, le=1, description="Upper clamp of drawn timesteps.")
+
+    def kl_measures(self) -> str:
+        """``kl``: none; the reference enters the DPO loss itself."""
+        return "no KL penalty (the reference is inside the DPO loss): kl is logged as 0"
+
+
+class DGPOConfig(PluginConfig):
+    """DGPO (docs/method.md section 6): a DPO-style preference between a group's advantage-weighted
+    samples, on deterministic (any) rollouts; Luo et al., "Reinforcing Diffusion Models by Direct Group
+    Preference Optimization"."""
+
+    beta: float = Field(100.0, gt=0, description="beta of the group preference (DGPO's beta_dpo: 100).")
+    n_mc: int = Field(
+        4, ge=1, description="(t, eps) draws per sample, shared by its group (DGPO: 4 train timesteps)."
+    )
+    stratified: bool = Field(True, description="One timestep in each of n_mc strata; False = i.i.d.")
+    t_min: float = Field(
+        1e-3, ge=0, lt=1, description="Lower clamp of drawn timesteps (DGPO truncates at about 0.3 shifted)."
+    )
+    t_max: float = Field(1.0 - 1e-3, gt=0, le=1, description="Upper clamp of drawn timesteps.")
+
+    def kl_measures(self) -> str:
+        """``kl``: none; the reference enters the preference itself."""
+        return "no KL penalty (the reference is inside the DGPO preference): kl is logged as 0"

@@ -2,9 +2,11 @@
 
 ``vgrpo`` is the method; ``elbo_naive`` is the same estimator with the three variance-reduction
 techniques off (independent pairs per sample, i.i.d. timesteps, plain MSE), the paper's baseline
-that oscillates or diverges. ``flow_grpo`` (with MixGRPO's window as an option), ``dance_grpo`` and
-``flow_grpo_fast`` (presets of its options), ``diffusion_nft``, ``awm`` and ``awm_authors`` (AWM as its
-authors ship it) are the baselines of docs/method.md section 6, behind the same interfaces.
+that oscillates or diverges. ``flow_grpo`` (options: MixGRPO's window, CPS steps, GRPO-Guard's
+ratio, Flow-DPPO's KL mask), ``dance_grpo``, ``flow_grpo_fast``, ``flow_grpo_cps``, ``grpo_guard`` and
+``flow_dppo`` (presets of its options), ``diffusion_nft``, ``awm``, ``awm_authors`` (AWM as its authors
+ship it), ``diffusion_dpo`` (online Diffusion-DPO) and ``dgpo`` are the baselines of docs/method.md
+section 6, behind the same interfaces.
 """
 
 from __future__ import annotations
@@ -15,10 +17,15 @@ from vgrpo_platform.algo.surrogates.configs import (  # re-exported: the configs
     AWMAuthorsConfig,
     AWMConfig,
     DanceGRPOConfig,
+    DGPOConfig,
     DiffusionNFTConfig,
+    FlowDPPOConfig,
     FlowGRPOConfig,
+    FlowGRPOCPSConfig,
     FlowGRPOFastConfig,
+    GRPOGuardConfig,
     NaiveELBOConfig,
+    OnlineDPOConfig,
     VGRPOConfig,
 )
 from vgrpo_platform.hookspecs import hookimpl
@@ -30,9 +37,14 @@ __all__ = [
     "FlowGRPOConfig",
     "DanceGRPOConfig",
     "FlowGRPOFastConfig",
+    "FlowGRPOCPSConfig",
     "DiffusionNFTConfig",
     "AWMConfig",
     "AWMAuthorsConfig",
+    "OnlineDPOConfig",
+    "DGPOConfig",
+    "GRPOGuardConfig",
+    "FlowDPPOConfig",
 ]
 
 
@@ -59,6 +71,18 @@ def build_awm(config: AWMConfig, context: Any = None) -> Any:
     from vgrpo_platform.algo.surrogates.awm import AWMSurrogate
 
     return AWMSurrogate(config)
+
+
+def build_dpo(config: OnlineDPOConfig, context: Any = None) -> Any:
+    from vgrpo_platform.algo.surrogates.dpo import OnlineDPOSurrogate
+
+    return OnlineDPOSurrogate(config)
+
+
+def build_dgpo(config: DGPOConfig, context: Any = None) -> Any:
+    from vgrpo_platform.algo.surrogates.dpo import DGPOSurrogate
+
+    return DGPOSurrogate(config)
 
 
 @hookimpl
@@ -104,6 +128,14 @@ def register_components() -> list[Component]:
         ),
         Component(
             "surrogate",
+            "flow_grpo_cps",
+            build_flow_grpo,
+            FlowGRPOCPSConfig,
+            "Flow-GRPO-Fast with coefficients-preserving (CPS) steps: a 3-step CPS branch, "
+            "the CPS authors' log-prob (sde_kind = 'cps' gives CPS to any flow_grpo run).",
+        ),
+        Component(
+            "surrogate",
             "diffusion_nft",
             build_nft,
             DiffusionNFTConfig,
@@ -122,5 +154,38 @@ def register_components() -> list[Component]:
             build_awm,
             AWMAuthorsConfig,
             "AWM as its authors ship it: generalised-Huber weighting, EMA penalty, grid timesteps.",
+        ),
+        # the 2026 methods (docs/method.md section 6)
+        Component(
+            "surrogate",
+            "diffusion_dpo",
+            build_dpo,
+            OnlineDPOConfig,
+            "Online Diffusion-DPO: each group's best vs worst sample as a preference pair, ELBO form, "
+            "frozen reference.",
+        ),
+        Component(
+            "surrogate",
+            "grpo_guard",
+            build_flow_grpo,
+            GRPOGuardConfig,
+            "GRPO-Guard: Flow-GRPO with normalised per-step ratios (centred at 1, step-independent "
+            "spread) and 1/|dt| gradient reweighting.",
+        ),
+        Component(
+            "surrogate",
+            "flow_dppo",
+            build_flow_grpo,
+            FlowDPPOConfig,
+            "Flow-DPPO: Flow-GRPO's SDE steps with a KL-masked trust region (exact Gaussian step KL) "
+            "in place of the ratio clip.",
+        ),
+        Component(
+            "surrogate",
+            "dgpo",
+            build_dgpo,
+            DGPOConfig,
+            "DGPO: a group-level DPO preference of advantage-weighted samples against the frozen "
+            "reference, no likelihood ratio.",
         ),
     ]

@@ -8,13 +8,17 @@ the stored trajectory and takes a per-step PPO-clip objective, plus the KL of ea
 stochastic and trained; the window moves every ``window_shift_every`` iterations. The same options
 give DanceGRPO (``diffusion = "constant"``, ``shared_initial_noise``, ``train_fraction``: each sample
 trains its own random subset of the steps) and Flow-GRPO-Fast (``window_placement = "random"``: a
-short SDE branch at a random early step); see ``surrogates/entry.py`` and docs/method.md section 6.
+short SDE branch at a random early step); ``sde_kind = "cps"`` swaps the SDE step for CPS's
+coefficients-preserving one (``sde.cps_step``); ``ratio_norm`` and ``step_reweight`` are GRPO-Guard's
+normalised ratio and ``1 / |dt|`` step weights, ``trust_region = "kl_mask"`` Flow-DPPO's KL-masked
+update; see ``surrogates/entry.py`` and docs/method.md section 6.
 
 ``rollout`` returns a ``FlowGRPOState`` (batch-first; the loop joins the chunks' into ``batch.state``):
 ``trajectory`` ``[B, T+1, *L]`` (at least float32), ``timesteps`` ``[B, T+1]``, ``old_log_prob``
 ``[B, T]``, ``sde_mask`` ``[B, T]`` (1 where the step is an SDE step); ``prepare`` completes it with
 ``train_mask`` ``[B, T]`` (1 where the sample trains the step) and with ``kl_beta > 0`` ``ref_mean``
-``[B, T, *L]``.
+``[B, T, *L]``. With ``ratio_norm`` or ``trust_region = "kl_mask"`` the rollout also keeps its step means,
+``old_mean`` ``[B, T, *L]`` (as much memory again as the trajectory).
 
 Memory: ``loss`` keeps the graph of every trained step of the micro-batch at once (one backward per
 micro-batch, as the surrogate contract has it); MixGRPO's window bounds that to ``window_size``.
@@ -49,6 +53,7 @@ class FlowGRPOState(BatchState):
     sde_mask: torch.Tensor  # [B, T] float, 1 where the step is an SDE step
     train_mask: torch.Tensor | None = None  # [B, T] float, 1 where the sample trains the step (prepare)
     ref_mean: torch.Tensor | None = None  # [B, T, *L], the reference's step means (kl_beta > 0)
+    old_mean: torch.Tensor | None = None  # [B, T, *L], the rollout's step means (ratio_norm)
 
 
 def euler_grid(
@@ -151,14 +156,33 @@ class FlowGRPOSurrogate(SurrogateBase):
         cond: Conditioning,
         model_dtype: torch.dtype,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(mean [B, *L], step std [B], s [B])`` of one SDE step from ``z`` ``[B, *L]`` (float32)."""
+        """``(mean [B, *L], step std [B], s [B])`` of one SDE step from ``z`` ``[B, *L]`` (float32).
+
+        A CPS step (``sde_kind = "cps"``) has no diffusion ``s``: its third entry is the step std again.
+        """
         v = adapter.predict(z.to(model_dtype), t, cond).to(z.dtype)  # [B, *L]
+        if self.config.sde_kind == "cps":
+            mean, std = sde.cps_step(z, v, t, t_next, self.config.noise_level)
+            return mean, std, std
         if self.config.diffusion == "constant":
             s = sde.constant_diffusion(t, self.config.noise_level)  # [B], DanceGRPO
         else:
             s = sde.sde_diffusion(t, self.config.noise_level, t_cap=t_cap)  # [B]
         mean = sde.sde_step_mean(z, v, t, t_next, s)
         return mean, sde.step_std(s, t, t_next), s
+
+    @property
+    def _needs_old_mean(self) -> bool:
+        """GRPO-Guard's bias and Flow-DPPO's KL mask compare the step means with the rollout's."""
+        return self.config.ratio_norm or self.config.trust_region == "kl_mask"
+
+    def _log_prob(
+        self, x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, latent_ndim: int
+    ) -> torch.Tensor:
+        """One step's log-prob ``[B]``: the Gaussian's, or the CPS authors' constant-free form."""
+        if self.config.sde_kind == "cps" and self.config.cps_log_prob == "constant_free":
+            return sde.constant_free_log_prob(x, mean, latent_ndim)
+        return sde.gaussian_log_prob(x, mean, std, latent_ndim)
 
     @torch.no_grad()
     def rollout(
@@ -179,24 +203,29 @@ class FlowGRPOSurrogate(SurrogateBase):
         grid = euler_grid(adapter, steps, device, z.dtype)  # [T+1]
         t_cap = grid[1].expand(b)  # Flow-GRPO's stand-in for t = 1 in s(t)
         mask = self._window(steps, generator)
-        trajectory, log_probs = [z], []
+        if self.config.sde_kind == "cps":  # the CPS step to t = 0 has std 0: deterministic, never trained
+            mask = mask & (grid[1:] > 0).cpu()
+        trajectory, log_probs, means = [z], [], []
         for i in range(steps):
             t, t_next = grid[i].expand(b), grid[i + 1].expand(b)
             if mask[i]:
                 mean, std, _ = self._step_stats(adapter, z, t, t_next, t_cap, cond, noise.dtype)
                 eps = torch.randn(z.shape, generator=generator, device=generator.device).to(device, z.dtype)
                 z = mean + std.reshape(b, *(1,) * latent_ndim) * eps
-                log_probs.append(sde.gaussian_log_prob(z, mean, std, latent_ndim))
+                log_probs.append(self._log_prob(z, mean, std, latent_ndim))
+                means.append(mean)
             else:
                 v = adapter.predict(z.to(noise.dtype), t, cond).to(z.dtype)
                 z = sde.ode_step(z, v, t, t_next)
                 log_probs.append(torch.zeros(b, device=device, dtype=z.dtype))
+                means.append(z)
             trajectory.append(z)
         state = FlowGRPOState(
             trajectory=torch.stack(trajectory, dim=1),  # [B, T+1, *L]
             timesteps=grid.expand(b, steps + 1).clone(),  # [B, T+1]
             old_log_prob=torch.stack(log_probs, dim=1),  # [B, T]
             sde_mask=mask.to(device=device, dtype=torch.float32).expand(b, steps).clone(),  # [B, T]
+            old_mean=torch.stack(means, dim=1) if self._needs_old_mean else None,  # [B, T, *L]
         )
         return z.to(noise.dtype), state
 
@@ -269,26 +298,53 @@ class FlowGRPOSurrogate(SurrogateBase):
         latent_ndim = traj.ndim - 2
         adv_all = batch.advantages.float().clamp(-cfg.adv_clip, cfg.adv_clip)  # [B]
         policy_terms, kls, ratios, log_ratios = [], [], [], []
+        kl_olds: list[torch.Tensor] = []  # exact step KL to the rollout policy (ratio_norm, kl_mask)
+        dropped: list[torch.Tensor] = []  # Flow-DPPO's masked (sample, step) pairs
         for j, rows in self._trained_rows(state):
             t, t_next = grid[rows, j], grid[rows, j + 1]
             cond = _rows_of(batch.cond, rows)
             mean, std, s = self._step_stats(
                 adapter, traj[rows, j], t, t_next, grid[rows, 1], cond, batch.latents.dtype
             )
-            log_prob = sde.gaussian_log_prob(traj[rows, j + 1], mean, std, latent_ndim)  # [b_j]
+            log_prob = self._log_prob(traj[rows, j + 1], mean, std, latent_ndim)  # [b_j]
             log_ratio = log_prob - old_lp[rows, j]
+            old_kl = None
+            if self._needs_old_mean:
+                if state.old_mean is None:
+                    raise ValueError(
+                        "ratio_norm / kl_mask need the rollout's step means (old_mean): rerun its rollout()"
+                    )
+                old_kl = sde.std_kl(mean, state.old_mean[rows, j], std, latent_ndim)  # [b_j]
+                kl_olds.append(old_kl.detach())
+            if cfg.ratio_norm:  # GRPO-Guard: centre the log-ratio at 0 and scale it by the step std
+                assert old_kl is not None
+                log_ratio = (log_ratio + old_kl) * std.to(log_ratio.dtype)
             rho = torch.exp(log_ratio)
             adv = adv_all[rows]
             unclipped = -adv * rho
-            clipped = -adv * rho.clamp(1.0 - cfg.clip_range, 1.0 + cfg.clip_range)
-            policy_terms.append(torch.maximum(unclipped, clipped))  # [b_j]
+            if cfg.trust_region == "kl_mask":  # Flow-DPPO: drop far, further-pushing steps; no clip
+                assert old_kl is not None
+                pushing = ((rho > 1) & (adv > 0)) | ((rho < 1) & (adv < 0))
+                drop = (old_kl >= cfg.kl_mask_threshold) & pushing
+                dropped.append(drop.detach())
+                term = torch.where(drop, torch.zeros_like(unclipped), unclipped)
+            else:
+                clipped = -adv * rho.clamp(1.0 - cfg.clip_range, 1.0 + cfg.clip_range)
+                term = torch.maximum(unclipped, clipped)  # [b_j]
+            if cfg.step_reweight:  # GRPO-Guard: equalise the steps' gradient scale
+                term = term / (t - t_next).to(term.dtype)
+            policy_terms.append(term)
             ratios.append(rho.detach())
             log_ratios.append(log_ratio.detach())
             if cfg.kl_beta > 0:
                 if state.ref_mean is None:
                     raise ValueError("kl_beta > 0 but batch.state has no ref_mean; was prepare() run?")
                 ref = state.ref_mean[rows, j]
-                kls.append(sde.mean_kl(mean, ref, s, t, t_next, latent_ndim, include_dt=cfg.kl_include_dt))
+                if cfg.sde_kind == "cps":  # the true Gaussian KL of the CPS step (s is its std)
+                    kls.append(sde.std_kl(mean, ref, s, latent_ndim))
+                else:
+                    kl = sde.mean_kl(mean, ref, s, t, t_next, latent_ndim, include_dt=cfg.kl_include_dt)
+                    kls.append(kl)
         if not policy_terms:
             raise ValueError("no SDE step to train: the rollout recorded none (sde_mask is all zero)")
         policy = torch.cat(policy_terms).mean()  # mean over trained (sample, step) pairs
@@ -308,6 +364,10 @@ class FlowGRPOSurrogate(SurrogateBase):
                 "policy_objective": float(-policy),
                 "sde_steps": float(len(rho) / len(batch)),  # trained steps per sample
             }
+            if kl_olds:
+                metrics["kl_old_mean"] = float(torch.cat(kl_olds).mean())
+            if dropped:
+                metrics["masked_fraction"] = float(torch.cat(dropped).float().mean())
         return loss, metrics
 
 
