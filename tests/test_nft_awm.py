@@ -204,6 +204,7 @@ def test_the_baselines_register_with_documented_options():
     seen = {c.name: (c.factory, c.config, c.summary) for c in register_components()}
     expected = {
         "flow_grpo": FlowGRPOSurrogate,
+        "mixgrpo": FlowGRPOSurrogate,
         "dance_grpo": FlowGRPOSurrogate,
         "flow_grpo_fast": FlowGRPOSurrogate,
         "flow_grpo_cps": FlowGRPOSurrogate,

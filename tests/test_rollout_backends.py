@@ -21,7 +21,15 @@ from vgrpo_platform.training.observe.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "recipes" / "toy.toml"
-MDP_FAMILY = ["flow_grpo", "dance_grpo", "flow_grpo_fast", "flow_grpo_cps", "grpo_guard", "flow_dppo"]
+MDP_FAMILY = [
+    "flow_grpo",
+    "mixgrpo",
+    "dance_grpo",
+    "flow_grpo_fast",
+    "flow_grpo_cps",
+    "grpo_guard",
+    "flow_dppo",
+]
 
 
 # ------------------------------------------------------------------------------ refused combinations

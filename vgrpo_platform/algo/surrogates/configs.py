@@ -211,6 +211,23 @@ class DanceGRPOConfig(FlowGRPOConfig):
     kl_beta: float = Field(0.0, ge=0, description="DanceGRPO trains without a KL term.")
 
 
+class MixGRPOConfig(FlowGRPOConfig):
+    """MixGRPO as its authors ship it (Tencent-Hunyuan/MixGRPO, docs/method.md section 6): Flow-GRPO's SDE
+    on a 4-step window that moves one step every 25 iterations, ODE elsewhere, one initial noise per
+    group, the last step never trained, no KL."""
+
+    window_size: int | None = Field(
+        4, ge=1, description="SDE (and trained) steps of the window (group_size 4)."
+    )
+    window_shift_every: int = Field(
+        25, ge=1, description="Iterations between window moves (iters_per_group 25)."
+    )
+    window_stride: int = Field(1, ge=1, description="Steps the window moves each time (prog_overlap_step 1).")
+    shared_initial_noise: bool = Field(True, description="One initial noise per group (init_same_noise).")
+    train_last_step: bool = Field(False, description="The last step is never trained (ignore_last).")
+    kl_beta: float = Field(0.0, ge=0, description="MixGRPO ships kl_coeff = 0: no KL term.")
+
+
 class FlowGRPOFastConfig(FlowGRPOConfig):
     """Flow-GRPO-Fast (docs/method.md section 6): ODE everywhere but a 2-step SDE branch at a random
     step of the first half, trained alone; the group shares its initial noise (and so its ODE prefix)."""

@@ -3,10 +3,10 @@
 ``vgrpo`` is the method; ``elbo_naive`` is the same estimator with the three variance-reduction
 techniques off (independent pairs per sample, i.i.d. timesteps, plain MSE), the paper's baseline
 that oscillates or diverges. ``flow_grpo`` (options: MixGRPO's window, CPS steps, GRPO-Guard's
-ratio, Flow-DPPO's KL mask), ``dance_grpo``, ``flow_grpo_fast``, ``flow_grpo_cps``, ``grpo_guard`` and
-``flow_dppo`` (presets of its options), ``diffusion_nft``, ``awm``, ``awm_authors`` (AWM as its authors
-ship it), ``diffusion_dpo`` (online Diffusion-DPO) and ``dgpo`` are the baselines of docs/method.md
-section 6, behind the same interfaces.
+ratio, Flow-DPPO's KL mask), ``mixgrpo``, ``dance_grpo``, ``flow_grpo_fast``, ``flow_grpo_cps``,
+``grpo_guard`` and ``flow_dppo`` (presets of its options), ``diffusion_nft``, ``awm``, ``awm_authors``
+(AWM as its authors ship it), ``diffusion_dpo`` (online Diffusion-DPO) and ``dgpo`` are the baselines
+of docs/method.md section 6, behind the same interfaces.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from vgrpo_platform.algo.surrogates.configs import (  # re-exported: the configs
     FlowGRPOCPSConfig,
     FlowGRPOFastConfig,
     GRPOGuardConfig,
+    MixGRPOConfig,
     NaiveELBOConfig,
     OnlineDPOConfig,
     VGRPOConfig,
@@ -36,6 +37,7 @@ __all__ = [
     "NaiveELBOConfig",
     "FlowGRPOConfig",
     "DanceGRPOConfig",
+    "MixGRPOConfig",
     "FlowGRPOFastConfig",
     "FlowGRPOCPSConfig",
     "DiffusionNFTConfig",
@@ -110,6 +112,14 @@ def register_components() -> list[Component]:
             build_flow_grpo,
             FlowGRPOConfig,
             "Flow-GRPO: SDE rollouts, per-step Gaussian log-probs and PPO-clip (MixGRPO window option).",
+        ),
+        Component(
+            "surrogate",
+            "mixgrpo",
+            build_flow_grpo,
+            MixGRPOConfig,
+            "MixGRPO as its authors ship it: Flow-GRPO's SDE on a 4-step window moving one step every "
+            "25 iterations, ODE elsewhere, group-shared initial noise, no KL.",
         ),
         Component(
             "surrogate",
