@@ -362,6 +362,23 @@ def _check_parallel(recipe: Recipe, prefix: str) -> None:
 HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # owner/name
 
 
+def _resolve_data_anchor(recipe: Recipe, recipe_dir: Path, prefix: str) -> None:
+    """``train.data_anchor.source`` made absolute (relative to the recipe's folder); a missing file is an
+    error now, before any model loads. Nothing is checked while the anchor is off (weight 0)."""
+    anchor = recipe.train.data_anchor
+    if anchor.weight == 0 or anchor.source is None:
+        return
+    path = Path(anchor.source).expanduser()
+    local = path if path.is_absolute() else recipe_dir / path
+    if not local.is_file():
+        raise RecipeError(
+            f"{prefix}train.data_anchor.source: '{local}' is not a file (relative paths are resolved against "
+            "the recipe's folder); give a .safetensors file with 'latents' and 'prompts', e.g. one written "
+            "by vgrpo_adapters.shapes.anchor_data.write_shapes_anchor"
+        )
+    anchor.source = str(local.resolve())
+
+
 def _resolve_init_lora(recipe: Recipe, recipe_dir: Path, prefix: str) -> None:
     """``train.init_lora`` made absolute when it names a file or folder (relative to the recipe's folder),
     so the saved recipe finds it from anywhere; a path that exists nowhere and cannot be a Hub repo id
@@ -468,6 +485,7 @@ def validate_components(
     _check_scoring(recipe, prefix)
     _check_parallel(recipe, prefix)
     _resolve_init_lora(recipe, recipe_dir, prefix)
+    _resolve_data_anchor(recipe, recipe_dir, prefix)
     backend = _resolve_backend(registry, recipe, surrogate, source)
 
     try:

@@ -70,6 +70,24 @@ class GRPOSection(Section):
     soft_clip_eta: float | None = None  # A <- eta * tanh(A / eta); None = off
 
 
+class DataAnchorSection(Section):
+    """``[train.data_anchor]``: a flow-matching loss on real data added to the surrogate's (DDRL), so the
+    policy cannot drift off the data while it chases the reward (``training.iteration.data_anchor``)."""
+
+    weight: float = Field(0.0, ge=0)  # 0 = off (nothing is loaded or drawn)
+    # a .safetensors file (relative to the recipe): tensor "latents" [N, *L] and metadata "prompts", a JSON
+    # list of N strings; `vgrpo_adapters.shapes.anchor_data` writes one from the shapes world's renderer
+    source: str | None = None
+    batch_size: int = Field(8, ge=1)  # data rows per optimiser step, over all processes together
+    seed: int = 0  # the anchor's own stream: rows, t and eps depend on (seed, optimiser step) only
+
+    @model_validator(mode="after")
+    def _weight_needs_source(self) -> DataAnchorSection:
+        if self.weight > 0 and not self.source:
+            raise ValueError("train.data_anchor.weight > 0 needs train.data_anchor.source (a .safetensors file)")
+        return self
+
+
 class TrainSection(Section):
     iterations: int = Field(100, ge=1)
     gradient_steps_per_iteration: int = Field(1, ge=1)  # >1 re-uses a rollout (off-policy, ratio clip)
@@ -104,6 +122,7 @@ class TrainSection(Section):
     on_fault: Literal["stop", "skip"] = "stop"
     max_consecutive_skips: int = Field(3, ge=1)  # "skip" still stops after this many faults in a row
     offload_rewards: bool = False  # reward models in host memory except while scoring: frees their GPU memory
+    data_anchor: DataAnchorSection = Field(default_factory=DataAnchorSection)
 
     @field_validator("attention_backend")
     @classmethod

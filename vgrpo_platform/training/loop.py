@@ -150,7 +150,7 @@ class Trainer:
         self.protocol = Protocol.of(resolved)  # the held-out prompts, seeds and sampler of every evaluation
         prompts = PromptSampler(resolved.train_prompts, seed=recipe.run.seed, shuffle=recipe.prompts.shuffle)
         self.loop = LoopState.seeded(prompts, recipe.run.seed)
-        self.update = PolicyUpdate(self.session, t, self.accelerator, self.loop.shuffle_rng)
+        self.update = PolicyUpdate(self.session, t, self.accelerator, self.loop.shuffle_rng, self.shard)
         self.optimizer, self.average = self.update.optimizer, self.update.average
         self.source = self._rollout_source(resolved, context)
         self.state = RunState(

@@ -5,6 +5,11 @@ An iteration's batch is split into ``train.gradient_steps_per_iteration`` mini-b
 step each; each mini-batch is accumulated over micro-batches weighted by their size, so the gradient
 equals the full mini-batch's whatever ``micro_batch_size`` is. Gradients are averaged over ranks once
 per optimiser step, on its last micro-batch.
+
+With ``[train.data_anchor]`` each optimiser step also runs one forward and backward of the data anchor's
+flow-matching loss (``data_anchor.py``) on its own batch, weighted by ``weight`` and added to the
+step's gradient before the surrogate's micro-batches (whose last one averages it over ranks with
+theirs). It is not split or scaled by the micro-batching.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from vgrpo_platform.network import denoiser_call_of
 from vgrpo_platform.parallel import context_parallel
 from vgrpo_platform.parallel import data_parallel as dp
 from vgrpo_platform.protocols import RolloutBatch
+from vgrpo_platform.training.iteration.data_anchor import METRIC as ANCHOR_METRIC
+from vgrpo_platform.training.iteration.data_anchor import DataAnchor
 from vgrpo_platform.training.iteration.ema import WeightAverage
 from vgrpo_platform.training.iteration.optimizer import build_lr_schedule, build_optimizer
 from vgrpo_platform.training.observe.metrics import accumulate
@@ -26,6 +33,7 @@ from vgrpo_platform.training.recovery.faults import agree_on_fault, non_finite_l
 
 if TYPE_CHECKING:
     from vgrpo_platform.config.schema import TrainSection
+    from vgrpo_platform.parallel.data_parallel import Shard
     from vgrpo_platform.training.session import Session
 
 
@@ -38,7 +46,12 @@ class PolicyUpdate:
     """
 
     def __init__(
-        self, session: Session, train: TrainSection, accelerator: Any, shuffle_rng: torch.Generator
+        self,
+        session: Session,
+        train: TrainSection,
+        accelerator: Any,
+        shuffle_rng: torch.Generator,
+        shard: Shard | None = None,
     ) -> None:
         self.session = session
         self.train = train
@@ -57,6 +70,8 @@ class PolicyUpdate:
         self.average = WeightAverage(session.trainable, train.ema_decay) if train.ema_decay else None
         self.lr_schedule = build_lr_schedule(self.optimizer, train)
         session.surrogate.plan_updates(train.gradient_steps_per_iteration)
+        anchor = train.data_anchor
+        self.anchor = DataAnchor(anchor, session.adapter, shard) if anchor.weight > 0 else None
         self.begin_iteration()
 
     def begin_iteration(self) -> None:
@@ -75,6 +90,9 @@ class PolicyUpdate:
         grad_norms = []
         for minibatch in order.tensor_split(steps):
             self.optimizer.zero_grad(set_to_none=True)
+            if self.anchor is not None:
+                anchor_loss = self._anchor_backward(batch.latents, iteration)
+                accumulate(sums, extremes, {ANCHOR_METRIC: anchor_loss}, 1 / steps)
             micros = minibatch.split(t.micro_batch_size)
             for m, micro in enumerate(micros):
                 part = batch.select(micro.to(batch.latents.device))
@@ -99,3 +117,18 @@ class PolicyUpdate:
             surrogate.after_step(adapter)  # e.g. an EMA old policy
         reduced = dp.reduce_metrics(self.accelerator, {**sums, **extremes})
         return {**reduced, "grad_norm": sum(grad_norms) / len(grad_norms), "gradient_steps": steps}
+
+    def _anchor_backward(self, like: torch.Tensor, iteration: int) -> float:
+        """Backward of ``weight * L_fm`` on this optimiser step's anchor batch, gradients kept local (the
+        surrogate's last micro-batch averages them over ranks); the unweighted loss."""
+        assert self.anchor is not None
+        step = int(self.lr_schedule.last_epoch)  # optimiser steps so far: checkpointed, so resumes match
+        with dp.maybe_no_sync(self.routed, self.accelerator, skip=True):
+            with self.accelerator.autocast():
+                loss = self.anchor.loss(self.session.adapter, step, like.device, like.dtype)
+            bad = None if torch.isfinite(loss) else non_finite_loss(loss.item(), iteration, "data anchor")
+            agree_on_fault(self.accelerator, bad)
+            weight = self.train.data_anchor.weight
+            self.accelerator.backward(loss * (self.gradient_scale * weight))
+        self.half_step = isinstance(self.routed, dp.RoutedEngine)
+        return float(loss.item())
