@@ -76,7 +76,9 @@ def test_latents_of_another_shape_are_a_recipe_error(tmp_path: Path, toy_adapter
 
 def test_a_missing_dataset_is_a_one_line_recipe_error(tmp_path: Path) -> None:
     with pytest.raises(RecipeError) as info:
-        resolve_recipe(TOY, ["train.data_anchor.weight=0.5", "train.data_anchor.source='nowhere.safetensors'"])
+        resolve_recipe(
+            TOY, ["train.data_anchor.weight=0.5", "train.data_anchor.source='nowhere.safetensors'"]
+        )
     assert "train.data_anchor.source" in str(info.value) and "\n" not in str(info.value)
     with pytest.raises(RecipeError, match="needs train.data_anchor.source"):
         resolve_recipe(TOY, ["train.data_anchor.weight=0.5"])

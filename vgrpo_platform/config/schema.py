@@ -84,7 +84,9 @@ class DataAnchorSection(Section):
     @model_validator(mode="after")
     def _weight_needs_source(self) -> DataAnchorSection:
         if self.weight > 0 and not self.source:
-            raise ValueError("train.data_anchor.weight > 0 needs train.data_anchor.source (a .safetensors file)")
+            raise ValueError(
+                "train.data_anchor.weight > 0 needs train.data_anchor.source (a .safetensors file)"
+            )
         return self
 
 

@@ -2,9 +2,9 @@
 
 Why: an RL objective rewards only what the reward model sees, so a policy can drift off the data
 distribution (forget how to draw, collapse styles) while its reward keeps rising. DDRL ("Data-regularized
-Diffusion Reinforcement Learning") adds the pretraining loss on real samples to the RL loss; here that is
-``weight * L_fm`` with ``L_fm = mean_i mean_d (v_theta(z_t, t, c) - (eps - x0))^2`` on a batch of data
-``(x0, c)`` drawn afresh at every optimiser step (docs/method.md, "Data anchor").
+Reinforcement Learning for Diffusion Models at Scale") adds the pretraining loss on real samples to the
+RL loss; here that is ``weight * L_fm`` with ``L_fm = mean_i mean_d (v_theta(z_t, t, c) - (eps - x0))^2``
+on a batch of data ``(x0, c)`` drawn afresh at every optimiser step (docs/method.md section 7).
 
 The velocity error is formed through the adapter's own schedule as ``|x_hat - x0|^2 / t^2``, the same
 number for rectified flow (``x_hat - x0 = t (eps - x0 - v)``), as the AWM surrogate does, so nothing
@@ -51,7 +51,9 @@ def load_anchor_data(path: str | Path) -> tuple[torch.Tensor, list[str]]:
     except RecipeError:
         raise
     except Exception as exc:  # safetensors' own errors: not a safetensors file, truncated...
-        raise RecipeError(f"{where} cannot be read as safetensors ({exc}); write it with safetensors") from None
+        raise RecipeError(
+            f"{where} cannot be read as safetensors ({exc}); write it with safetensors"
+        ) from None
     try:
         prompts = json.loads(metadata["prompts"])
     except (KeyError, json.JSONDecodeError):
