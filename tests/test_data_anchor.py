@@ -118,3 +118,21 @@ def test_the_shapes_renderer_writes_anchor_data_the_shapes_adapter_takes(tmp_pat
     with torch.no_grad():
         pretrained = anchor.loss(adapter, 0, torch.device("cpu"), torch.float32)
     assert torch.isfinite(pretrained)
+
+
+def test_the_shapes_anchor_data_command_writes_a_readable_data_set(tmp_path: Path) -> None:
+    import typer
+    from typer.testing import CliRunner
+    from vgrpo_adapters import shapes as shapes_entry
+
+    from vgrpo_platform.training.iteration.data_anchor import load_anchor_data
+
+    app = typer.Typer()
+    shapes_entry.register_commands(app)
+    out = tmp_path / "anchor.safetensors"
+    result = CliRunner().invoke(
+        app, ["shapes-anchor-data", "--out", str(out), "--samples", "3", "--seed", "2"]
+    )
+    assert result.exit_code == 0, result.output
+    latents, prompts = load_anchor_data(out)
+    assert latents.shape == (3, 3, 32, 32) and len(prompts) == 3

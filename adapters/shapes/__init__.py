@@ -93,3 +93,20 @@ def register_commands(app: Any) -> None:  # app: the root typer.Typer
                 f"{from_stage1} holds no model (no transformer/ folder)", param_hint="--from-stage1"
             )
         pretrain_stages(out, stages, eval_seeds=tuple(range(eval_seeds)), log=typer.echo, init=from_stage1)
+
+    @app.command("shapes-anchor-data")
+    def shapes_anchor_data(
+        out: Path = typer.Option(
+            ..., "--out", help="The .safetensors file to write (replaced if it exists)."
+        ),
+        samples: int = typer.Option(256, "--samples", min=1, help="How many (prompt, scene) pairs."),
+        seed: int = typer.Option(0, "--seed", help="Seed of the prompts and layouts."),
+        resolution: int = typer.Option(
+            32, "--resolution", min=4, help="Image side in pixels (the adapter's)."
+        ),
+    ) -> None:
+        """Render a data set for [train.data_anchor] from the shapes world's train prompts."""
+        from .anchor_data import write_shapes_anchor
+
+        path = write_shapes_anchor(out, samples, seed=seed, resolution=resolution)
+        typer.echo(f"wrote {samples} rendered scenes to {path}; set train.data_anchor.source to it")

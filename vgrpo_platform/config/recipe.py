@@ -374,7 +374,7 @@ def _resolve_data_anchor(recipe: Recipe, recipe_dir: Path, prefix: str) -> None:
         raise RecipeError(
             f"{prefix}train.data_anchor.source: '{local}' is not a file (relative paths are resolved against "
             "the recipe's folder); give a .safetensors file with 'latents' and 'prompts', e.g. one written "
-            "by vgrpo_adapters.shapes.anchor_data.write_shapes_anchor"
+            "by `vgrpo shapes-anchor-data`"
         )
     anchor.source = str(local.resolve())
 

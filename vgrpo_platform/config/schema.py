@@ -76,7 +76,7 @@ class DataAnchorSection(Section):
 
     weight: float = Field(0.0, ge=0)  # 0 = off (nothing is loaded or drawn)
     # a .safetensors file (relative to the recipe): tensor "latents" [N, *L] and metadata "prompts", a JSON
-    # list of N strings; `vgrpo_adapters.shapes.anchor_data` writes one from the shapes world's renderer
+    # list of N strings; `vgrpo shapes-anchor-data` writes one from the shapes world's renderer
     source: str | None = None
     batch_size: int = Field(8, ge=1)  # data rows per optimiser step, over all processes together
     seed: int = 0  # the anchor's own stream: rows, t and eps depend on (seed, optimiser step) only
