@@ -202,6 +202,7 @@ TINY: dict[tuple[str, str], tuple[Any, Any]] = {
     ("reward", "target_color"): ({}, {}),
     ("reward", "shapes"): ({}, {"prompts": SHAPES_PROMPTS * 2}),
     ("reward", "jpeg"): ({}, {}),
+    ("reward", "diversity"): ({}, {}),  # a group reward: the kit hands it one prompt's group
     ("reward", "ocr"): ({}, _ocr_inputs),
     ("reward", "clipscore"): (_tiny_clip(False), {}),
     ("reward", "pickscore"): (_tiny_clip(True), {}),
