@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from vgrpo_rewards.diversity.impl import cluster_bonus, cluster_labels
 
 from vgrpo_platform.config.recipe import resolve_recipe
 from vgrpo_platform.errors import RewardError
@@ -16,7 +17,6 @@ from vgrpo_platform.training.iteration.reward_workers import GroupFeeder, Inline
 from vgrpo_platform.training.iteration.scoring import WeightedReward, group_bounds, score_all
 from vgrpo_platform.training.loop import Trainer
 from vgrpo_platform.training.observe.metrics import read_metrics
-from vgrpo_rewards.diversity.impl import cluster_bonus, cluster_labels
 
 ROOT = Path(__file__).resolve().parents[1]
 REGISTRY = default_registry()
@@ -35,7 +35,9 @@ def flat(*colours: float, side: int = 16) -> Samples:
 def test_known_clusters_give_known_scores():
     # three tight clusters of sizes 3, 2 and 1, far apart
     centres = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
-    points = centres[[0, 0, 0, 1, 1, 2]] + 0.01 * torch.tensor([[0, 0], [1, 0], [0, 1], [0, 0], [1, 1], [0, 0]])
+    points = centres[[0, 0, 0, 1, 1, 2]] + 0.01 * torch.tensor(
+        [[0, 0], [1, 0], [0, 1], [0, 0], [1, 1], [0, 0]]
+    )
     labels = cluster_labels(points, threshold=0.1, clusters=None, method="average")
     assert len(labels.unique()) == 3
     assert labels[0] == labels[1] == labels[2] and labels[3] == labels[4] and labels[5] not in labels[:5]

@@ -24,8 +24,8 @@ class Config(PluginConfig):
         8,
         ge=1,
         le=64,
-        description="Embedding: each image (each video frame) average-pooled to side x side pixels, flattened: "
-        "a coarse view that sees layout and colour, not texture.",
+        description="Embedding: each image (each video frame) average-pooled to side x side pixels, "
+        "flattened: a coarse view that sees layout and colour, not texture.",
     )
     threshold: float = Field(
         0.15,
@@ -62,6 +62,7 @@ def register_components() -> list[Component]:
             "diversity",
             build,
             Config,
-            summary="Group reward: a bonus for samples in small clusters of their prompt's group (DiverseGRPO).",
+            summary="Group reward: a bonus for samples in small clusters of their prompt's group "
+            "(DiverseGRPO).",
         ),
     ]
