@@ -139,3 +139,21 @@ def test_a_toy_run_with_diversity_as_a_weighted_term_and_as_a_monitor(tmp_path):
     for record in evals:  # samples_per_prompt = 2: 1/2 .. 1
         assert 1 / 2 <= record["reward/diversity_eval"] <= 1.0
         assert record["reward/diversity"] == record["reward/diversity_eval"]
+
+
+def test_clip_embeddings_from_a_local_folder(tmp_path):
+    from tiny_clip import save_clip
+
+    from vgrpo_platform.protocols import BuildContext
+    from vgrpo_platform.testing import check_component
+
+    folder = save_clip(tmp_path / "clip")
+    context = BuildContext(device="cpu", seed=0, run_dir=None, recipe_dir=tmp_path)
+    # 6 samples cut into 4 clusters: uneven sizes, so the kit sees the scores differ
+    check_component("reward", "diversity", {"clip_model": "clip", "clusters": 4}, context, registry=REGISTRY)
+    reward = REGISTRY.build("reward", "diversity", {"clip_model": str(folder), "threshold": 1e-3}, context)
+    assert reward.modalities == frozenset({"image"})
+    out = reward.score(flat(0.5, 0.5, 0.5, 0.9), ["p"] * 4, [{}] * 4)
+    assert out["score"].tolist() == pytest.approx([1 / 3] * 3 + [1.0])
+    with pytest.raises(RewardError, match="is not a local folder"):
+        REGISTRY.build("reward", "diversity", {"clip_model": "openai/clip-vit-base-patch32"}, context)

@@ -27,11 +27,18 @@ class Config(PluginConfig):
         description="Embedding: each image (each video frame) average-pooled to side x side pixels, "
         "flattened: a coarse view that sees layout and colour, not texture.",
     )
+    clip_model: str | None = Field(
+        None,
+        description="Embedding instead: a local folder of a transformers CLIP model (unit image embeddings, "
+        "scaled so that distances are chord lengths sqrt(2 - 2 cos), in [0, 2]; images only; never "
+        "downloaded); a relative path is resolved against the recipe's folder. null = pooled pixels.",
+    )
     threshold: float = Field(
         0.15,
         gt=0.0,
         description="Clustering: samples closer than this root-mean-square embedding difference (pixel "
-        "units, [0, 1]) join one cluster (agglomerative, `linkage`); ignored when `clusters` is set.",
+        "units, [0, 1]; with clip_model the chord length) join one cluster (agglomerative, `linkage`); "
+        "ignored when `clusters` is set.",
     )
     clusters: int | None = Field(
         None,
@@ -51,7 +58,7 @@ class Config(PluginConfig):
 def build(config: Config, context: Any = None) -> Any:
     from .impl import DiversityReward
 
-    return DiversityReward(config)
+    return DiversityReward(config, context)
 
 
 @hookimpl

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -39,7 +40,7 @@ def cluster_labels(
     g = len(embeddings)
     if g == 1:
         return torch.zeros(1, dtype=torch.long)
-    e = embeddings.double()
+    e = embeddings.detach().double().cpu()  # scipy works on host arrays
     d = torch.cdist(e, e).div(e.shape[1] ** 0.5)  # RMS difference, the embedding's units
     rows, cols = torch.triu_indices(g, g, offset=1)
     condensed = d[rows, cols].clamp_min(0).numpy()  # scipy's condensed distance vector
@@ -60,22 +61,44 @@ def cluster_bonus(labels: torch.Tensor, bonus: str) -> torch.Tensor:
     return 1.0 - sizes / len(labels)
 
 
+CLIP_FIX = "set the diversity reward's options.clip_model to a local folder of a transformers CLIP model"
+
+
 class DiversityReward:
     """One prompt's group per call (``groups = True``): ``score`` ``[G]`` and ``clusters`` ``[G]``
     (how many clusters the group has, the same on each of its rows)."""
 
-    modalities = frozenset({"image", "video"})
     groups = True
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, context: Any = None) -> None:
         self.config = config
+        self.clip = None
+        self.modalities = frozenset({"image", "video"})
+        if config.clip_model is not None:
+            from .._clip_common import load_clip, resolve_source
+
+            folder = resolve_source(config.clip_model, context)
+            if not Path(folder).is_dir():
+                raise RewardError(f"diversity: clip_model {folder!r} is not a local folder; {CLIP_FIX}")
+            self.clip = load_clip(folder, None, None, 16, context, "diversity CLIP", CLIP_FIX)
+            self.modalities = frozenset({"image"})
+
+    def embed(self, samples: Samples, prompts: Sequence[str]) -> torch.Tensor:
+        """``[G, D]``: pooled pixels, or unit CLIP image embeddings times ``sqrt(D)`` (so the RMS
+        difference ``cluster_labels`` measures is the chord length between them)."""
+        if self.clip is None:
+            return embed(samples, self.config.side)
+        from .._clip_common import check_images
+
+        unit, _ = self.clip.embed(check_images(samples, prompts, "diversity"), None)
+        return unit * unit.shape[1] ** 0.5
 
     def score(
         self, samples: Samples, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]]
     ) -> dict[str, torch.Tensor]:
         c = self.config
         labels = cluster_labels(
-            embed(samples, c.side), threshold=c.threshold, clusters=c.clusters, method=c.linkage
+            self.embed(samples, prompts), threshold=c.threshold, clusters=c.clusters, method=c.linkage
         )
         count = torch.full((len(labels),), float(len(labels.unique())))
         device = samples.data.device
