@@ -202,6 +202,7 @@ TINY: dict[tuple[str, str], tuple[Any, Any]] = {
     ("reward", "target_color"): ({}, {}),
     ("reward", "shapes"): ({}, {"prompts": SHAPES_PROMPTS * 2}),
     ("reward", "jpeg"): ({}, {}),
+    ("reward", "diversity"): ({}, {}),  # a group reward: the kit hands it one prompt's group
     ("reward", "ocr"): ({}, _ocr_inputs),
     ("reward", "clipscore"): (_tiny_clip(False), {}),
     ("reward", "pickscore"): (_tiny_clip(True), {}),
@@ -522,6 +523,43 @@ def test_a_correct_reward_passes_and_other_modalities_need_samples():
     data = Samples("signal", torch.linspace(-1, 1, 12).reshape(3, 1, 4))
     report = check_reward(signal, TinyConfig(), samples=data, entry_module="vgrpo_platform.registry")
     assert report.passed == list(REWARD_CHECKS)
+
+
+class Centred(Mean):
+    """A group reward: each sample's mean pixel value minus its group's, which depends on the group
+    (so scoring rows one by one would differ) but not on the group's row order, unless ``defect``."""
+
+    groups = True
+
+    def score(self, samples, prompts, metadata):
+        x = samples.data.flatten(1).mean(1)  # [G]
+        if self.defect == "row_order":
+            return x - x[0]
+        return x - x.mean()
+
+
+def test_a_group_reward_passes_the_kit_and_each_group_check_catches_its_defect():
+    report = check_reward(Centred(), TinyConfig(), entry_module="vgrpo_platform.registry")
+    assert report.passed == list(REWARD_CHECKS)
+    with pytest.raises(AssertionError, match=r"\[batch_consistent\] .*another order"):
+        check_reward(Centred("row_order"), TinyConfig(), entry_module="vgrpo_platform.registry")
+    strange = Centred()
+    strange.groups = "yes"
+    with pytest.raises(AssertionError, match=r"\[attributes\] .*groups must be True"):
+        check_reward(strange, TinyConfig(), entry_module="vgrpo_platform.registry")
+
+
+def test_group_prompts_are_one_prompt():
+    """The kit hands a group reward one prompt's group, as the core does."""
+    seen = []
+
+    class Recorder(Centred):
+        def score(self, samples, prompts, metadata):
+            seen.append(list(prompts))
+            return super().score(samples, prompts, metadata)
+
+    check_reward(Recorder(), TinyConfig(), entry_module="vgrpo_platform.registry")
+    assert seen and all(len(set(p)) == 1 and len(p) == 6 for p in seen)
 
 
 def test_failure_message_is_readable():

@@ -42,15 +42,20 @@ def comparable(run_dir: Path) -> list[dict]:
     return without_timing(read_metrics(run_dir / "metrics.jsonl"))
 
 
+# a group reward beside the main one: the worker, fed chunks of 4 rows, must still score groups of 8
+DIVERSITY = ("rewards.1.name='diversity'", "rewards.1.weight=0.2")
+
+
 def test_worker_process_with_overlap_gives_exactly_the_inline_run(tmp_path):
-    inline = Trainer(toy(tmp_path, "inline")).run()
-    isolated = toy(tmp_path, "worker", "scoring.isolation='process'", "scoring.overlap=true")
+    inline = Trainer(toy(tmp_path, "inline", *DIVERSITY)).run()
+    isolated = toy(tmp_path, "worker", *DIVERSITY, "scoring.isolation='process'", "scoring.overlap=true")
     worker = Trainer(isolated).run()
     expected, got = comparable(inline), comparable(worker)
     assert [r["kind"] for r in got] == ["eval", "train", "train", "eval", "train", "eval"]
     assert got == expected  # rewards, advantages, losses and evaluations to the last bit
     train = [r for r in read_metrics(worker / "metrics.jsonl") if r["kind"] == "train"]
     assert all(r["time_scoring"] > 0 for r in train)
+    assert all("reward/diversity" in r for r in train)  # so the comparison above covers it
 
 
 def test_threaded_overlap_gives_exactly_the_inline_run(tmp_path):

@@ -114,6 +114,10 @@ class Reward(Protocol):
 
     ``score`` returns ``[B]`` floats, or a mapping whose ``"score"`` entry is that tensor and whose
     other entries are ``[B]`` diagnostics (per-criterion scores) that are logged but not optimised.
+
+    Optional: ``groups = True`` declares a group reward, one whose scores depend on a prompt's whole
+    group (a diversity bonus): the core then calls ``score`` once per prompt group, ``B`` = the group's
+    size, every prompt the same, rows in any order (docs/writing-a-reward.md, "Group rewards").
     """
 
     modalities: frozenset[str]

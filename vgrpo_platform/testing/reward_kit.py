@@ -71,7 +71,7 @@ def _score(
     return out, {}
 
 
-def _slice(samples: Any, index: slice) -> Any:
+def _slice(samples: Any, index: Any) -> Any:
     import dataclasses
 
     return dataclasses.replace(samples, data=samples.data[index])
@@ -96,7 +96,9 @@ def check_reward(
     ``protocols.Samples``, at least 2 different items) is scored; default: varied samples of each
     declared modality the kit can make (image, video, audio); pass your own for other modalities.
     ``prompts`` (cycled to one per sample; default ``DEFAULT_PROMPTS``) and ``metadata`` (one per
-    sample) go to ``score``.
+    sample) go to ``score``. A group reward (``groups = True``) is handed the samples as one prompt's
+    group (every row gets the first prompt), and ``batch_consistent`` checks instead that reordering
+    the group's rows reorders its scores the same way (a group has no row order).
     """
     from vgrpo_platform.protocols import BuildContext
 
@@ -126,10 +128,11 @@ def check_reward(
         return run.finish()
     for s in suites:
         assert len(s) >= 2, "pass at least 2 samples"
+    grouped = getattr(r, "groups", False) is True
     args = []
     for s in suites:
         pool = list(prompts) if prompts is not None else list(DEFAULT_PROMPTS)
-        p = [pool[i % len(pool)] for i in range(len(s))]  # cycled to one prompt per sample
+        p = [pool[0 if grouped else i % len(pool)] for i in range(len(s))]  # cycled; one prompt per group
         m = list(metadata) if metadata is not None else [{} for _ in range(len(s))]
         assert len(m) == len(s), f"{len(s)} samples need {len(s)} metadata entries, got {len(m)}"
         args.append((s, p, m))
@@ -141,7 +144,10 @@ def check_reward(
     )
     run(
         "batch_consistent",
-        lambda: _each(args, lambda s, p, m: _reward_batch(r, s, p, m, atol)),
+        lambda: _each(
+            args,
+            lambda s, p, m: (_reward_group_order if grouped else _reward_batch)(r, s, p, m, atol),
+        ),
         needs=["score"],
     )
     run(
@@ -169,6 +175,8 @@ def _reward_attributes(reward: Any, config: Any) -> None:
     assert isinstance(mods, frozenset) and mods and all(isinstance(m, str) for m in mods), (
         f"modalities must be a non-empty frozenset of strings, got {mods!r}"
     )
+    groups = getattr(reward, "groups", False)
+    assert isinstance(groups, bool), f"groups must be True (a group reward) or False, got {groups!r}"
     declared = getattr(config, "modalities", None)
     assert declared is None or set(declared) == set(mods), (
         f"the Config declares modalities {sorted(declared)} but the reward scores {sorted(mods)}"
@@ -212,6 +220,27 @@ def _reward_batch(reward: Any, samples: Any, prompts: list[str], metadata: list[
         torch.cat([o.reshape(-1) for o in one]),
         atol,
         "a batch's scores vs. scoring items one by one",
+    )
+
+
+def _reward_group_order(
+    reward: Any, samples: Any, prompts: list[str], metadata: list[Any], atol: float
+) -> None:
+    import torch
+
+    full, _ = _score(reward, samples, prompts, metadata)
+    order = torch.arange(len(samples)).roll(1)  # every row moves
+    moved, _ = _score(
+        reward,
+        _slice(samples, order),
+        [prompts[i] for i in order],
+        [metadata[i] for i in order],
+    )
+    _close(
+        torch.as_tensor(full).reshape(-1)[order],
+        torch.as_tensor(moved).reshape(-1),
+        atol,
+        "a group's scores vs. scoring its rows in another order",
     )
 
 

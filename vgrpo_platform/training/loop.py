@@ -435,7 +435,12 @@ class Trainer:
             if feeder is not None:
                 scored = self.scorer.collect(feeder.finish())
             else:
-                scored = self.scorer.score(rollout.samples, draw.flat_prompts, step=iteration)
+                scored = self.scorer.score(
+                    rollout.samples,
+                    draw.flat_prompts,
+                    step=iteration,
+                    group_size=self.recipe.rollout.group_size,
+                )
         except RewardError as exc:
             fault = exc
         except Exception as exc:

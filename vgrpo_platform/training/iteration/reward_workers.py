@@ -49,6 +49,7 @@ class ScoreJob:
     prompts: list[str]
     step: int | None
     future: Future = field(repr=False)
+    group_size: int | None = None  # rows per prompt group (group rewards are called once per group)
 
 
 class Scorer:
@@ -58,7 +59,13 @@ class Scorer:
     _busy = 0.0  # seconds scored since busy_seconds() last ran; subclasses add to it
 
     def submit(
-        self, samples: Samples, prompts: Sequence[str], *, step: int | None, which: str = TRAIN
+        self,
+        samples: Samples,
+        prompts: Sequence[str],
+        *,
+        step: int | None,
+        which: str = TRAIN,
+        group_size: int | None = None,
     ) -> ScoreJob:
         raise NotImplementedError
 
@@ -67,9 +74,16 @@ class Scorer:
         return merge([job.future.result() for job in jobs])
 
     def score(
-        self, samples: Samples, prompts: Sequence[str], *, step: int | None, which: str = TRAIN
+        self,
+        samples: Samples,
+        prompts: Sequence[str],
+        *,
+        step: int | None,
+        which: str = TRAIN,
+        group_size: int | None = None,
     ) -> Scores:
-        return self.collect([self.submit(samples, prompts, step=step, which=which)])
+        """``group_size``: rows per prompt group, for group rewards (else runs of equal prompts)."""
+        return self.collect([self.submit(samples, prompts, step=step, which=which, group_size=group_size)])
 
     def busy_seconds(self) -> float:
         """Seconds the rewards spent scoring since the last call (hidden or not): what overlap hides."""
@@ -97,28 +111,41 @@ class InlineScorer(Scorer):
         self.overlap = overlap
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="vgrpo-reward") if overlap else None
 
-    def _run(self, which: str, samples: Samples, prompts: list[str], step: int | None) -> Scores:
+    def _run(
+        self, which: str, samples: Samples, prompts: list[str], step: int | None, group_size: int | None
+    ) -> Scores:
         t0 = time.perf_counter()
         try:
             return score_all(
-                self.rewards[which], samples, prompts, step=step, offload_device=self.offload_device
+                self.rewards[which],
+                samples,
+                prompts,
+                step=step,
+                offload_device=self.offload_device,
+                group_size=group_size,
             )
         finally:
             self._busy += time.perf_counter() - t0
 
     def submit(
-        self, samples: Samples, prompts: Sequence[str], *, step: int | None, which: str = TRAIN
+        self,
+        samples: Samples,
+        prompts: Sequence[str],
+        *,
+        step: int | None,
+        which: str = TRAIN,
+        group_size: int | None = None,
     ) -> ScoreJob:
         prompts = list(prompts)
         if self._thread is not None:
-            future = self._thread.submit(self._run, which, samples, prompts, step)
+            future = self._thread.submit(self._run, which, samples, prompts, step, group_size)
         else:  # scored now, on this thread: exactly the loop without [scoring]
             future = Future()
             try:
-                future.set_result(self._run(which, samples, prompts, step))
+                future.set_result(self._run(which, samples, prompts, step, group_size))
             except RewardError as exc:
                 future.set_exception(exc)
-        return ScoreJob(which, samples, prompts, step, future)
+        return ScoreJob(which, samples, prompts, step, future, group_size)
 
     def close(self) -> None:
         if self._thread is not None:
@@ -149,10 +176,10 @@ def _ready() -> str | None:
 
 
 def _score_in_worker(
-    which: str, samples: Samples, prompts: list[str], step: int | None
+    which: str, samples: Samples, prompts: list[str], step: int | None, group_size: int | None = None
 ) -> tuple[Scores, float]:
     t0 = time.perf_counter()
-    scores = score_all(_WORKER[which], samples, prompts, step=step)
+    scores = score_all(_WORKER[which], samples, prompts, step=step, group_size=group_size)
     return scores, time.perf_counter() - t0
 
 
@@ -209,19 +236,28 @@ class ProcessScorer(Scorer):
         return pool
 
     def submit(
-        self, samples: Samples, prompts: Sequence[str], *, step: int | None, which: str = TRAIN
+        self,
+        samples: Samples,
+        prompts: Sequence[str],
+        *,
+        step: int | None,
+        which: str = TRAIN,
+        group_size: int | None = None,
     ) -> ScoreJob:
         samples = replace(samples, data=samples.data.detach().cpu())  # shared memory, not a device copy
         prompts = list(prompts)
-        return ScoreJob(which, samples, prompts, step, self._send(which, samples, prompts, step))
+        future = self._send(which, samples, prompts, step, group_size)
+        return ScoreJob(which, samples, prompts, step, future, group_size)
 
-    def _send(self, which: str, samples: Samples, prompts: list[str], step: int | None) -> Future:
+    def _send(
+        self, which: str, samples: Samples, prompts: list[str], step: int | None, group_size: int | None
+    ) -> Future:
         future: Future = Future()
         if self._pool is None:  # every restart spent: each later batch fails the same way (train.on_fault)
             future.set_exception(RewardError(self._gone or "the reward worker is gone"))
             return future
         try:
-            return self._pool.submit(_score_in_worker, which, samples, prompts, step)
+            return self._pool.submit(_score_in_worker, which, samples, prompts, step, group_size)
         except BrokenProcessPool:  # died between two jobs: collect() restarts it
             future.set_exception(BrokenProcessPool("the worker is gone"))
             return future
@@ -262,7 +298,7 @@ class ProcessScorer(Scorer):
             )
         self._pool = self._start()
         for job in unscored:
-            job.future = self._send(job.which, job.samples, job.prompts, job.step)
+            job.future = self._send(job.which, job.samples, job.prompts, job.step, job.group_size)
 
     def close(self) -> None:
         if self._pool is not None:
@@ -330,7 +366,8 @@ class GroupFeeder:
         now = replace(held, data=held.data[:take])
         rest = held.data[take:]
         self._held = [replace(held, data=rest)] if len(rest) else []
-        self.jobs.append(self.scorer.submit(now, self.prompts[self._sent : upto], step=self.step))
+        prompts = self.prompts[self._sent : upto]
+        self.jobs.append(self.scorer.submit(now, prompts, step=self.step, group_size=self.group_size))
         self._sent = upto
 
     def finish(self) -> list[ScoreJob]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -30,6 +30,7 @@ def score_all(
     *,
     step: int | None = None,
     offload_device: torch.device | str | None = None,
+    group_size: int | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Score ``samples`` with every reward.
 
@@ -52,7 +53,10 @@ def score_all(
             )
         try:
             with on_device(item.reward, offload_device):
-                out = item.reward.score(samples, prompts, metadata)
+                if is_group_reward(item.reward):
+                    out = _score_groups(item, samples, prompts, metadata, group_size)
+                else:
+                    out = item.reward.score(samples, prompts, metadata)
         except RewardError:
             raise
         except Exception as exc:  # a plugin's failure, reported with where it happened
@@ -67,6 +71,52 @@ def score_all(
         for name, value in extra.items():
             details[f"{item.key}/{name}"] = torch.as_tensor(value).detach().float().reshape(-1).cpu()
     return terms, details
+
+
+def is_group_reward(reward: Any) -> bool:
+    """Whether ``reward`` declared ``groups = True``: it scores one prompt's whole group per call."""
+    return getattr(reward, "groups", False) is True
+
+
+def group_bounds(prompts: Sequence[str], group_size: int | None) -> list[slice]:
+    """The rows of each prompt group: ``group_size`` consecutive rows (a shorter last one when the
+    batch is ragged), or without ``group_size`` each run of equal consecutive prompts."""
+    n = len(prompts)
+    if group_size is not None:
+        return [slice(i, min(i + group_size, n)) for i in range(0, n, group_size)]
+    bounds, start = [], 0
+    for i in range(1, n + 1):
+        if i == n or prompts[i] != prompts[start]:
+            bounds.append(slice(start, i))
+            start = i
+    return bounds
+
+
+def _score_groups(
+    item: WeightedReward,
+    samples: Samples,
+    prompts: Sequence[str],
+    metadata: Sequence[Mapping[str, Any]],
+    group_size: int | None,
+) -> torch.Tensor | Mapping[str, torch.Tensor]:
+    """A group reward called once per prompt group; its scores (and diagnostics) joined in row order."""
+    parts = []
+    for rows in group_bounds(prompts, group_size):
+        group = replace(samples, data=samples.data[rows])
+        out = item.reward.score(group, list(prompts[rows]), list(metadata[rows]))
+        named = dict(out) if isinstance(out, Mapping) else {"score": out}
+        flat = {k: torch.as_tensor(v).detach().float().reshape(-1).cpu() for k, v in named.items()}
+        size = rows.stop - rows.start
+        if "score" not in flat or flat["score"].numel() != size:
+            got = flat["score"].numel() if "score" in flat else "no"
+            raise RewardError(
+                f"group reward '{item.key}' returned {got} scores for a group of {size} samples "
+                f"(prompt {prompts[rows.start]!r}); return one score per sample of the group"
+            )
+        parts.append(flat)
+    if not parts:
+        return torch.zeros(0)
+    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
 
 def _check_scores(key: str, score: Any, batch: int, prompts: Sequence[str], where: str) -> torch.Tensor:

@@ -196,7 +196,9 @@ def evaluate(
         flat_prompts = [mine[int(g)] for g in group_ids[:real]]
         if real:
             try:
-                terms, details = scorer.score(samples, flat_prompts, step=step, which="eval")
+                terms, details = scorer.score(
+                    samples, flat_prompts, step=step, which="eval", group_size=per_prompt
+                )
             except RewardError as exc:  # raised below, after every rank has reached the gather
                 failure, local["error"] = exc, str(exc)
             else:
