@@ -19,12 +19,10 @@ from vgrpo_platform.lora_files import write_export_info as write_export_info
 
 
 def lora_layers(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The LoRA weights peft injected into ``module``, detached, copied to the CPU and contiguous
-    (safetensors). A copy even on the CPU: FSDP2's gathered weights live in storage it frees again."""
+    """The LoRA weights peft injected into ``module``, detached, on the CPU and contiguous (safetensors)."""
     from peft.utils import get_peft_model_state_dict
 
-    state = get_peft_model_state_dict(module)
-    return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
+    return {k: v.detach().to("cpu").contiguous() for k, v in get_peft_model_state_dict(module).items()}
 
 
 def lora_metadata(module: torch.nn.Module) -> dict[str, Any] | None:
