@@ -16,6 +16,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from benchmarks.throughput_models import FLUX_DEV
 from vgrpo_platform.cli import app as cli
 from vgrpo_platform.cli import launch
 from vgrpo_platform.cli import sample as sample_module
@@ -298,18 +299,8 @@ def test_a_damaged_checkpoint_names_the_alternatives_not_deletion(tmp_path):
 
 # --------------------------------------------------------------------------- --gpus N
 
-FLUX_CONFIG = {  # FLUX.1's published transformer config: built on the meta device, nothing downloaded
-    "_class_name": "FluxTransformer2DModel",
-    "attention_head_dim": 128,
-    "guidance_embeds": True,
-    "in_channels": 64,
-    "joint_attention_dim": 4096,
-    "num_attention_heads": 24,
-    "num_layers": 19,
-    "num_single_layers": 38,
-    "patch_size": 1,
-    "pooled_projection_dim": 768,
-}
+# FLUX.1-dev's published transformer config: built on the meta device, nothing downloaded
+FLUX_CONFIG = {"_class_name": "FluxTransformer2DModel", **FLUX_DEV}
 
 FLUX_RECIPE = """
 [adapter]

@@ -14,9 +14,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from diffusers import HunyuanVideo15Transformer3DModel
 from safetensors.torch import load_file
 from test_distributed import _close, _free_port
+from tiny_hunyuan_video import tiny_hunyuan_video15_transformer
 from tiny_pipelines import (
     WAN_FRAMES,
     WAN_SIDE,
@@ -202,18 +202,7 @@ def test_what_cannot_split_is_refused_in_one_line() -> None:
         context_parallel.enable(wan, 2, "ring", "wan")
     with pytest.raises(RecipeError, match=r"needs 2 or more processes"):
         context_parallel.enable(wan, 2, "ulysses", "wan")
-    hunyuan = HunyuanVideo15Transformer3DModel(
-        in_channels=9,
-        out_channels=4,
-        num_attention_heads=2,
-        attention_head_dim=8,
-        num_layers=1,
-        num_refiner_layers=1,
-        text_embed_dim=32,
-        text_embed_2_dim=16,
-        image_embed_dim=12,
-        rope_axes_dim=(2, 2, 4),
-    )
+    hunyuan = tiny_hunyuan_video15_transformer()
     with pytest.raises(RecipeError, match=r"no context-parallel plan for HunyuanVideo15Transformer3DModel"):
         context_parallel.enable(hunyuan, 2, "ulysses", "hunyuan_video")
     plain = torch.nn.Linear(2, 2)

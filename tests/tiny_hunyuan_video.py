@@ -61,6 +61,25 @@ def _byt5(tokenizer: ByT5Tokenizer, d_model: int = 16) -> T5EncoderModel:
     return T5EncoderModel(config).eval()
 
 
+def tiny_hunyuan_video15_transformer() -> HunyuanVideo15Transformer3DModel:
+    """The toy-size ``HunyuanVideo15Transformer3DModel`` of ``build_tiny_hunyuan_video15`` (2 heads)."""
+    return HunyuanVideo15Transformer3DModel(
+        in_channels=9,  # latents (4) + conditioning latents (4) + mask (1)
+        out_channels=4,
+        num_attention_heads=2,
+        attention_head_dim=8,
+        num_layers=2,
+        num_refiner_layers=1,
+        mlp_ratio=2.0,
+        text_embed_dim=32,
+        text_embed_2_dim=16,
+        image_embed_dim=12,
+        rope_axes_dim=(2, 2, 4),
+        target_size=16,
+        task_type="t2v",
+    )
+
+
 def build_tiny_hunyuan_video15(folder: str | Path, seed: int = 0, guidance_scale: float = 6.0) -> Path:
     """``HunyuanVideo15Pipeline`` at toy size with true CFG at ``guidance_scale`` (1 = the guider off)."""
     tok = qwen_tokenizer()
@@ -73,21 +92,7 @@ def build_tiny_hunyuan_video15(folder: str | Path, seed: int = 0, guidance_scale
             tokenizer=tok,
             text_encoder_2=_byt5(tok_2),
             tokenizer_2=tok_2,
-            transformer=HunyuanVideo15Transformer3DModel(
-                in_channels=9,  # latents (4) + conditioning latents (4) + mask (1)
-                out_channels=4,
-                num_attention_heads=2,
-                attention_head_dim=8,
-                num_layers=2,
-                num_refiner_layers=1,
-                mlp_ratio=2.0,
-                text_embed_dim=32,
-                text_embed_2_dim=16,
-                image_embed_dim=12,
-                rope_axes_dim=(2, 2, 4),
-                target_size=16,
-                task_type="t2v",
-            ),
+            transformer=tiny_hunyuan_video15_transformer(),
             vae=AutoencoderKLHunyuanVideo15(
                 latent_channels=4,
                 block_out_channels=(8, 8, 8),
