@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import torch
 
 from vgrpo_platform.errors import RecipeError
+from vgrpo_platform.parallel.context_parallel import check_layout
 
 
 class RoutableCall(Protocol):
@@ -75,8 +76,6 @@ class RowsOf:
 
 def shard_of(accelerator: Any, context: int = 1) -> Shard:
     """This process's data-parallel rank; ``context`` processes in a row share one (context parallelism)."""
-    from vgrpo_platform.parallel.context_parallel import check_layout
-
     processes, index = int(accelerator.num_processes), int(accelerator.process_index)
     check_layout(processes, context)
     return Shard(index // context, processes // context, context)

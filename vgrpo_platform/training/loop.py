@@ -252,7 +252,7 @@ class Trainer:
         if self.accelerator.num_processes > 1:
             processes = self.accelerator.num_processes
             progress.message(f"data parallel: {processes} processes, {dp.describe(self.accelerator)}")
-        for line in self.session.speed:  # train.attention_backend / train.compile, when set
+        for line in self.session.speed:  # train.attention_backend / compile, parallel.context
             progress.message(line)
         self.tracking.start(
             run_name=recipe.run.name,

@@ -66,7 +66,7 @@ class Session:
     eval_rewards: list[WeightedReward] = field(
         default_factory=list
     )  # [[eval.rewards]]: scored, never trained
-    speed: list[str] = field(default_factory=list)  # what train.compile / attention_backend did (kernels.py)
+    speed: list[str] = field(default_factory=list)  # start-up lines: kernels, parallel.context
 
 
 class ScoredInWorker:
