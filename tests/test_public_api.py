@@ -29,6 +29,9 @@ PINNED = {
     "vgrpo_platform.finetune": ["attach_lora", "reference_mode", "uses_lora", "values_swapped_in"],
     "vgrpo_platform.retrying": ["TransientError", "with_retries"],
     "vgrpo_platform.media": ["read_audio", "read_video", "write_audio", "write_video"],
+    "vgrpo_platform.conditions": [
+        "Prompt", "condition_images", "encode_conditioned", "reward_metadata", "takes_condition_image",
+    ],
     "vgrpo_platform.reward_wire": [
         "FRAME_TYPE", "JSON_TYPE", "PROTOCOL", "PROTOCOLS", "Frame", "ScoreRequest", "WireError",
         "decode_request", "decode_samples", "decode_scores", "encode_frame", "encode_request",

@@ -76,14 +76,19 @@ class ScoreRequest:
     metadata: list[Any]
 
 
+LOCAL_METADATA = frozenset({"condition_image", "condition_images"})  # tensors the core adds; never sent
+
+
 # ------------------------------------------------------------------------------------- protocol 2
 def encode_frame(samples: Samples, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]]) -> Frame:
-    """The protocol-2 body of ``POST /score``; metadata must be JSON (a tensor there is a ``TypeError``)."""
+    """The protocol-2 body of ``POST /score``; metadata must be JSON (a tensor there is a ``TypeError``),
+    except the condition images the core adds (``condition_image(s)``), which stay behind: the line's
+    ``"image"`` path travels instead."""
     header = {
         "protocol": PROTOCOL,
         "samples": {"modality": samples.modality, "sample_rate": samples.sample_rate, "fps": samples.fps},
         "prompts": list(prompts),
-        "metadata": [dict(m) for m in metadata],
+        "metadata": [{k: v for k, v in m.items() if k not in LOCAL_METADATA} for m in metadata],
     }
     text = json.dumps(header).encode()
     data = samples.data.detach().to("cpu", torch.float32).contiguous().numpy().astype("<f4", copy=False)
@@ -252,7 +257,7 @@ def encode_request(samples: Samples, prompts: Sequence[str], metadata: Sequence[
         "protocol": 1,
         "samples": encode_samples(samples),
         "prompts": list(prompts),
-        "metadata": [dict(m) for m in metadata],
+        "metadata": [{k: v for k, v in m.items() if k not in LOCAL_METADATA} for m in metadata],
     }
     return json.dumps(body).encode()
 

@@ -28,6 +28,7 @@ from vgrpo_platform.cli.memory_estimate import (
     estimate,
     shape_of,
 )
+from vgrpo_platform.conditions import takes_condition_image
 from vgrpo_platform.config.recipe import ResolvedRecipe
 from vgrpo_platform.errors import RecipeError
 
@@ -98,7 +99,11 @@ def measured_activations(adapter: Any, micro_batch: int) -> int:
     """Saved-tensor bytes of one training forward of a built adapter at ``micro_batch`` rows."""
     from vgrpo_platform.cli.memory_estimate import saved_activation_bytes
 
-    cond = adapter.encode_prompts(["a prompt"] * micro_batch)
+    prompts = ["a prompt"] * micro_batch
+    if takes_condition_image(adapter):  # an editing adapter: a mid-grey condition image (it resizes it)
+        cond = adapter.encode_conditions(prompts, [[torch.full((3, 64, 64), 0.5)]] * micro_batch)
+    else:
+        cond = adapter.encode_prompts(prompts)
     z = torch.randn(micro_batch, *adapter.latent_shape(), dtype=adapter.dtype)
     t = torch.full((micro_batch,), 0.5)
     adapter.denoiser.requires_grad_(True)

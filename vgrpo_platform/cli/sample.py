@@ -7,14 +7,18 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from vgrpo_platform import media
+from vgrpo_platform.conditions import Prompt
 from vgrpo_platform.config.recipe import RESOLVED_JSON, ResolvedRecipe
 from vgrpo_platform.errors import CheckpointError
 from vgrpo_platform.protocols import BuildContext, SamplerSpec, Samples
 from vgrpo_platform.training.iteration.rollout import generate_with_extras
+from vgrpo_platform.training.observe.evaluation import source_images
+from vgrpo_platform.training.observe.grids import save_grid
 from vgrpo_platform.training.recovery.checkpoint import (
     FILES,
     Checkpoint,
@@ -155,9 +159,25 @@ def sample_to_folder(
         device=device,
     )
     written = write_samples(samples, out, [prompts[int(g)] for g in group_ids])
-    index = [{"file": p.name, "prompt": prompts[int(g)]} for p, g in zip(written, group_ids, strict=True)]
+    index = [index_row(p.name, prompts[int(g)]) for p, g in zip(written, group_ids, strict=True)]
     (out / "index.jsonl").write_text("".join(json.dumps(r) + "\n" for r in index))
+    sources = source_images(list(prompts))
+    if sources is not None:  # an edit's source beside its results
+        title = f"source (black border), then {num_per_prompt} sample(s) per prompt"
+        save_grid(
+            samples,
+            out / "grid.png",
+            group_size=num_per_prompt,
+            prompts=list(prompts),
+            sources=sources,
+            title=title,
+        )
     return written
+
+
+def index_row(file: str, prompt: str) -> dict[str, Any]:
+    """A line of ``index.jsonl``: the file, its prompt and the prompt's JSONL fields (its ``image``)."""
+    return {"file": file, "prompt": str(prompt), **(prompt.metadata if isinstance(prompt, Prompt) else {})}
 
 
 def write_samples(samples: Samples, out: Path, prompts: Sequence[str]) -> list[Path]:

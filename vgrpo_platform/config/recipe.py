@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from vgrpo_platform.conditions import check_conditions, prompt_from_line, takes_condition_image
 from vgrpo_platform.config.schema import DIVERSITY, EVAL_ONLY_TOTAL, PromptsSection, Recipe
 from vgrpo_platform.errors import PluginError, RecipeError
 from vgrpo_platform.host.validation_errors import format_validation_error, show_value
@@ -200,7 +201,7 @@ def _read_prompt_file(rel: str, key: str, recipe_dir: Path) -> list[str]:
             raise RecipeError(
                 f'{path}:{lineno}: expected an object with a "prompt" string, e.g. {{"prompt": "a cat"}}'
             )
-        prompts.append(obj["prompt"])
+        prompts.append(prompt_from_line(obj, path.parent, f"{path}:{lineno}"))
     return prompts
 
 
@@ -208,7 +209,8 @@ def load_prompts(section: PromptsSection, recipe_dir: str | Path) -> tuple[list[
     """``(train, eval)`` prompts: inline ones first, then the file's.
 
     ``.txt``: one prompt per line, blank lines and ``#`` comments skipped. ``.jsonl``: one
-    ``{"prompt": ...}`` object per line. An empty eval list means "the train prompts" (the caller
+    ``{"prompt": ...}`` object per line, its other fields the prompt's metadata and ``"image"`` its
+    condition image (a ``conditions.Prompt``). An empty eval list means "the train prompts" (the caller
     truncates to ``eval.max_prompts``).
     """
     recipe_dir = Path(recipe_dir)
@@ -496,6 +498,12 @@ def validate_components(
         raise RecipeError(
             f'{prefix}no train prompts; add prompts.train = ["..."] or prompts.train_file = "prompts.txt"'
         )
+    takes_image = takes_condition_image(adapter.config)
+    for key, prompts in (("the train prompts", train), ("the eval prompts", evals)):
+        try:
+            check_conditions(adapter.spec.name, takes_image, prompts, key)
+        except RecipeError as exc:
+            raise RecipeError(f"{prefix}{exc}") from None
     return ResolvedRecipe(
         recipe=recipe,
         adapter=adapter,

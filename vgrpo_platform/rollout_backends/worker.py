@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from vgrpo_platform.conditions import encode_conditioned
 from vgrpo_platform.errors import VgrpoError
 from vgrpo_platform.protocols import SamplerSpec
 from vgrpo_platform.rollout_backends.contract import RolloutBackend, RolloutRequest, RolloutResult
@@ -72,7 +73,7 @@ def _generate(
 ) -> tuple[torch.Tensor, int, float]:
     adapter = _WORKER["adapter"]
     t0 = time.perf_counter()
-    cond = adapter.encode_prompts(prompts)
+    cond = encode_conditioned(adapter, prompts)  # prompts pickle with their condition images' paths
     noise = noise.to(adapter.device)
     parts = []
     for start in range(0, len(prompts), chunk_size):

@@ -25,6 +25,7 @@ import torch
 from safetensors import safe_open
 
 from vgrpo_platform.algo.timesteps import DEFAULT_T_MAX, DEFAULT_T_MIN
+from vgrpo_platform.conditions import encode_conditioned
 from vgrpo_platform.errors import RecipeError
 from vgrpo_platform.protocols import Adapter
 
@@ -78,7 +79,7 @@ def flow_matching_loss(
     """``mean_i mean_d (v_theta(z_t, t, c_i) - (eps - x0))^2`` (a scalar), through the adapter's schedule."""
     schedule = adapter.schedule
     z_t = schedule.noise(x0, eps, t)  # [b, *L]
-    x_hat = schedule.predict_x0(z_t, adapter.predict(z_t, t, adapter.encode_prompts(prompts)), t)
+    x_hat = schedule.predict_x0(z_t, adapter.predict(z_t, t, encode_conditioned(adapter, prompts)), t)
     dims = tuple(range(1, x0.ndim))
     mse = (x_hat.float() - x0.float()).square().mean(dim=dims)  # [b]
     return (mse / t.float().square()).mean()

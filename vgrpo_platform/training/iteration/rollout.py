@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 import torch
 
+from vgrpo_platform.conditions import encode_conditioned
 from vgrpo_platform.protocols import Adapter, BatchState, Conditioning, SamplerSpec, Samples, SurrogateBase
 
 
@@ -101,7 +102,7 @@ def plan_rollout(
 ) -> RolloutPlan:
     """Encode the prompts and draw the initial noise (see ``generate_with_extras``)."""
     group_ids = torch.arange(len(prompts)).repeat_interleave(group_size)  # [B]
-    cond = repeat_conditioning(adapter.encode_prompts(list(prompts)), group_ids)
+    cond = repeat_conditioning(encode_conditioned(adapter, prompts), group_ids)  # condition images too
     start, total = noise_window if noise_window is not None else (0, len(group_ids))
     noise = torch.randn((total, *adapter.latent_shape()), generator=generator)  # [N, *L]
     if noise_scope == "group":  # the window starts on a group boundary (whole groups per rank)

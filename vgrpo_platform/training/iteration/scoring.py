@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from vgrpo_platform.conditions import reward_metadata
 from vgrpo_platform.errors import RewardError
 from vgrpo_platform.protocols import Reward, Samples
 from vgrpo_platform.training.iteration.offload import on_device
@@ -41,7 +42,7 @@ def score_all(
     at a time holds accelerator memory.
     """
     batch = len(samples)
-    metadata = list(metadata) if metadata is not None else [{} for _ in range(batch)]
+    metadata = list(metadata) if metadata is not None else reward_metadata(prompts)  # JSONL fields, images
     terms: dict[str, torch.Tensor] = {}
     details: dict[str, torch.Tensor] = {}
     where = f" at iteration {step}" if step is not None else ""

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from vgrpo_platform.conditions import condition_images, has_condition, images_of
 from vgrpo_platform.config.schema import DIVERSITY, EVAL_ONLY_TOTAL
 from vgrpo_platform.errors import RewardError
 from vgrpo_platform.parallel.context_parallel import degree_of
@@ -60,6 +61,14 @@ class Protocol:
             "steps": self.sampler.steps,
             "chunk_size": self.chunk_size,
         }
+
+
+def source_images(prompts: Sequence[str]) -> list[torch.Tensor | None] | None:
+    """Each prompt's first condition image (None where it has none), for grids; None when no prompt
+    has one (a text-to-X run)."""
+    if not has_condition(prompts):
+        return None
+    return [condition_images(p)[0] if images_of(p) else None for p in prompts]
 
 
 def diversity(data: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -145,6 +154,7 @@ class Evaluation:
             details={k: v.tolist() for k, v in self.details.items()},
             rewards=self.total.tolist(),
             title=title,
+            sources=source_images(self.protocol.prompts),
         )
 
 

@@ -6,7 +6,8 @@ wide, so hundreds of held-out samples stay readable: ``vgrpo report`` shows grid
 (never shrunk, so the labels stay legible), and a page that fits the report needs no scrolling. A
 prompt with more samples than fit in one line wraps them onto several. Where the rewards give a
 per-sample verdict (a 0/1 detail named ``correct``, e.g. ``shapes/correct``), each frame gets a
-green (right) or red (wrong) border.
+green (right) or red (wrong) border. A conditioned prompt (an edit, image-to-video) shows its source
+image first, in a black border, before its results.
 Beside every grid a small JSON file records each tile's prompt, frame boxes, verdicts and rewards:
 the before/after picture is cut from two grids with it, and the report lists the prompts.
 """
@@ -111,11 +112,14 @@ def save_grid(
     rewards: Sequence[float] | None = None,
     spec: GridSpec = GridSpec(),
     title: str = "",
+    sources: Sequence[torch.Tensor | None] | None = None,
 ) -> Path | None:
     """Tile the samples (``group_size`` consecutive samples per prompt) into one labelled PNG.
 
     ``prompts`` has one entry per prompt (``B / group_size``); ``details`` and ``rewards`` one value per
-    sample. Writes ``path`` and ``path.with_suffix(".json")`` (the layout); None for non-visual samples.
+    sample; ``sources`` one condition image ``[3, H, W]`` (or None) per prompt, drawn first in its tile
+    with a black border, so an edit's source and results sit side by side. Writes ``path`` and
+    ``path.with_suffix(".json")`` (the layout); None for non-visual samples.
     """
     images = frames_for_grid(samples)
     if images is None:
@@ -124,14 +128,18 @@ def save_grid(
     n_groups = -(-b // group_size)
     shown = min(n_groups, spec.max_tiles)
     frames = _to_uint8(images[: shown * group_size], spec.frame_side)
-    fw = max(f.width for f in frames) + 2 * BORDER
-    fh = max(f.height for f in frames) + 2 * BORDER
+    originals = list(sources or [])[:shown]
+    source_frames = [None if s is None else _to_uint8(s[None], spec.frame_side)[0] for s in originals]
+    seen = frames + [f for f in source_frames if f is not None]
+    fw = max(f.width for f in seen) + 2 * BORDER
+    fh = max(f.height for f in seen) + 2 * BORDER
     key = verdict_key(details or {})
     verdicts = list((details or {}).get(key, [])) if key else []
     font = _font()
     label_h = FONT_PX + 4
-    per_line = _per_line(fw, group_size, PAGE_WIDTH - 2 * GAP)
-    frame_lines = -(-group_size // per_line)
+    lead = 1 if any(f is not None for f in source_frames) else 0  # a source column before the samples
+    per_line = _per_line(fw, group_size + lead, PAGE_WIDTH - 2 * GAP)
+    frame_lines = -(-(group_size + lead) // per_line)
     tile_w = max(per_line * fw + (per_line - 1) * 2, 8 * FONT_PX)
     tile_h = label_h + frame_lines * (fh + 2) - 2
     # near-square page: columns ~ sqrt(n * tile_h / tile_w), as many as fit in PAGE_WIDTH
@@ -157,11 +165,17 @@ def save_grid(
         prompt = prompts[g] if prompts is not None and g < len(prompts) else ""
         draw.text((x0, y0), _fit(_cut(prompt, spec.label_chars), font, tile_w), fill=INK, font=font)
         boxes, marks, scores = [], [], []
+        source_box = None
+        if lead and g < len(source_frames) and (src := source_frames[g]) is not None:
+            fx, fy = x0, y0 + label_h
+            draw.rectangle((fx, fy, fx + fw - 1, fy + fh - 1), fill=INK)
+            canvas.paste(src, (fx + BORDER, fy + BORDER))
+            source_box = [fx, fy, fw, fh]
         for k in range(group_size):
             i = g * group_size + k
             if i >= len(frames):
                 break
-            dx, dy = _frame_at(k, per_line, fw, fh)
+            dx, dy = _frame_at(k + lead, per_line, fw, fh)
             fx, fy = x0 + dx, y0 + label_h + dy
             verdict = float(verdicts[i]) if i < len(verdicts) else None
             draw.rectangle((fx, fy, fx + fw - 1, fy + fh - 1), fill=_mark(verdict) if key else BACKGROUND)
@@ -169,7 +183,10 @@ def save_grid(
             boxes.append([fx, fy, fw, fh])
             marks.append(verdict)
             scores.append(float(rewards[i]) if rewards is not None and i < len(rewards) else None)
-        tiles.append({"prompt": prompt, "frames": boxes, "verdicts": marks, "rewards": scores})
+        tile = {"prompt": prompt, "frames": boxes, "verdicts": marks, "rewards": scores}
+        if source_box is not None:
+            tile["source"] = source_box
+        tiles.append(tile)
     path.parent.mkdir(parents=True, exist_ok=True)
     canvas.save(path)
     layout = {"group_size": group_size, "prompts_total": n_groups, "verdict_key": key, "tiles": tiles}
@@ -211,7 +228,7 @@ def save_before_after(
 
     def strip(grid: Image.Image, tile: dict) -> Image.Image:
         """The tile's frames in lines that fit half a page (before and after sit side by side)."""
-        boxes = tile["frames"]
+        boxes = ([tile["source"]] if tile.get("source") else []) + tile["frames"]  # an edit's source first
         fw, fh = max(b[2] for b in boxes), max(b[3] for b in boxes)
         per_line = _per_line(fw, len(boxes), (PAGE_WIDTH - 4 * GAP) // 2)
         lines = -(-len(boxes) // per_line)
