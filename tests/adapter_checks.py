@@ -26,6 +26,7 @@ from vgrpo_adapters._diffusers_common import EXPORT_INFO, ModelWeightsError
 
 from vgrpo_platform import finetune
 from vgrpo_platform.cli.sample import sample_to_folder
+from vgrpo_platform.conditions import encode_conditioned
 from vgrpo_platform.host.collect import collect_components
 from vgrpo_platform.host.manager import build_plugin_manager
 from vgrpo_platform.protocols import Adapter, BuildContext, SamplerSpec
@@ -230,7 +231,7 @@ def assert_exported_lora_reloads(
     adapter = adapter_from_config(adapter_class, config)
     attach_trained_lora(adapter)
     export_lora(adapter, out)
-    cond = adapter.encode_prompts(prompts)
+    cond = encode_conditioned(adapter, prompts)  # prompts carrying images for an editing adapter
     fresh = adapter_class(
         pipeline_class.from_pretrained(config.model),
         resolution=config.resolution,

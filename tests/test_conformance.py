@@ -54,6 +54,23 @@ def _tiny_diffusers(
     return build
 
 
+def _tiny_kontext(folder: Path) -> dict[str, Any]:
+    """Options of the tiny FLUX.1 Kontext pipeline ``tiny_kontext`` writes."""
+    import tiny_kontext
+
+    tiny_kontext.build_tiny_flux_kontext(folder)
+    return {"model": str(folder), "resolution": tiny_kontext.RESOLUTION}
+
+
+def _edits() -> dict[str, Any]:
+    """The kit's prompts for an editing adapter: two instructions, each with its source image."""
+    import tempfile
+
+    import tiny_kontext
+
+    return {"prompts": tiny_kontext.edit_prompts(Path(tempfile.mkdtemp()), 2)}
+
+
 def _tiny_flux2(builder: str, tokens: str) -> Callable[[Path], dict[str, Any]]:
     """Options of a tiny FLUX.2 pipeline ``tiny_flux2.<builder>`` writes; ``tokens`` names its text length."""
 
@@ -167,6 +184,7 @@ TINY: dict[tuple[str, str], tuple[Any, Any]] = {
     ("adapter", "shapes"): ({"resolution": 16}, {}),  # the weights ship with vgrpo
     ("adapter", "sd3"): (_tiny_diffusers("build_tiny_sd3"), {}),
     ("adapter", "flux"): (_tiny_diffusers("build_tiny_flux"), {}),
+    ("adapter", "flux_kontext"): (_tiny_kontext, _edits),  # an editing adapter: prompts carry sources
     ("adapter", "flux2"): (_tiny_flux2("build_tiny_flux2", "DEV_TOKENS"), {}),
     ("adapter", "flux2_klein"): (_tiny_flux2("build_tiny_flux2_klein", "KLEIN_TOKENS"), {}),
     ("adapter", "wan"): (

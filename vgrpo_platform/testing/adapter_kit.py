@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from vgrpo_platform.conditions import encode_conditioned
 from vgrpo_platform.testing.common import (
     ADAPTER_CHECKS,
     DEFAULT_PROMPTS,
@@ -36,6 +37,8 @@ def check_adapter(
     defaults); ``context`` a ``protocols.BuildContext`` (default: CPU, float32, seed 0).
     ``entry_module`` is the module your entry point names; default: the factory's module. ``checks``
     restricts the run to some names of ``ADAPTER_CHECKS``; ``atol`` is the tolerance of equalities.
+    An adapter that takes condition images (``takes_condition_image``) is encoded through its
+    ``encode_conditions``: give it ``prompts`` that carry images (``conditions.Prompt``).
     """
     import torch
 
@@ -188,7 +191,7 @@ def _encode(adapter: Any, prompts: Sequence[str], group: int, state: dict[str, A
     import torch
 
     with torch.enable_grad():  # the protocol says "no gradient": the adapter must ensure it
-        cond = adapter.encode_prompts(list(prompts))
+        cond = encode_conditioned(adapter, list(prompts))
     assert isinstance(cond, Mapping) and cond, "encode_prompts must return a non-empty dict of tensors"
     for key, value in cond.items():
         assert isinstance(value, torch.Tensor), (
@@ -201,7 +204,7 @@ def _encode(adapter: Any, prompts: Sequence[str], group: int, state: dict[str, A
         assert not value.requires_grad, (
             f"encode_prompts()[{key!r}] requires grad: encode under torch.no_grad()"
         )
-    one = adapter.encode_prompts(list(prompts[:1]))
+    one = encode_conditioned(adapter, list(prompts[:1]))
     for key, value in one.items():
         assert value.shape[0] == 1, f"encode_prompts of 1 prompt: [{key!r}] has batch {value.shape[0]}"
     _rows_stand_alone(adapter, prompts, cond)
@@ -217,7 +220,7 @@ def _rows_stand_alone(adapter: Any, prompts: Sequence[str], cond: Mapping[str, A
 
     for prompt in prompts:
         with torch.no_grad():
-            alone = adapter.encode_prompts([prompt])
+            alone = encode_conditioned(adapter, [prompt])
         for key, value in alone.items():
             assert value.shape[1:] == cond[key].shape[1:], (
                 f"encode_prompts([{prompt!r}])[{key!r}] has shape {tuple(value.shape)}, its row in a batch "
@@ -268,7 +271,7 @@ def _predict_batch(adapter: Any, state: dict[str, Any], atol: float) -> None:
             row, t = state["z_t"][i : i + 1], state["t"][i : i + 1]
             sliced = adapter.predict(row, t, {k: v[i : i + 1] for k, v in state["cond"].items()})
             _close(full[i : i + 1], sliced, atol * 10, "predict of a batch vs. one sample at a time")
-            alone = adapter.predict(row, t, adapter.encode_prompts([prompt]))
+            alone = adapter.predict(row, t, encode_conditioned(adapter, [prompt]))
             _close(full[i : i + 1], alone, atol * 10, f"predict of a batch vs. {prompt!r} encoded alone")
 
 
@@ -321,7 +324,7 @@ def _build_deterministic(
     other = build()
     with torch.no_grad():
         a = adapter.predict(state["z_t"], state["t"], state["cond"])
-        cond = _repeat(other.encode_prompts(state["prompts"]), state["group"])
+        cond = _repeat(encode_conditioned(other, state["prompts"]), state["group"])
         b = other.predict(state["z_t"], state["t"], cond)
     del other
     _close(a, b, atol, "two adapters built from the same config and context.seed")

@@ -1,0 +1,89 @@
+"""The ``flux_kontext`` adapter: FLUX.1 Kontext image editing through ``diffusers.FluxKontextPipeline``.
+
+Beyond the ``flux`` adapter (whose latents, packing and shift it shares), one thing: the condition.
+``encode_conditions`` resizes each prompt's source image to the output resolution, encodes it with the
+VAE (the mode of its latent distribution, scaled as the pipeline does) and packs it into tokens
+``[B, N, 4C]``, stored in the conditioning beside the text's, so the core repeats and slices it per row.
+Every transformer call appends these tokens to the noisy latents' tokens, with position ids whose first
+axis is 1 (the pipeline's marker of the context image), and keeps only the first ``N`` output tokens:
+the velocity is the noisy latents', exactly as ``FluxKontextPipeline.__call__`` computes it.
+
+The output is square at ``resolution``; the pipeline's auto-resize to Kontext's preferred resolutions
+is left out (a training rollout uses one fixed size), so a source of another aspect ratio is stretched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from diffusers import FluxKontextPipeline
+from vgrpo_adapters.flux.impl import FluxAdapter
+
+from vgrpo_platform.errors import RecipeError
+from vgrpo_platform.protocols import Conditioning
+
+
+class FluxKontextAdapter(FluxAdapter):
+    """FLUX.1 Kontext: FLUX's transformer with the source image's latents as extra tokens."""
+
+    pipeline_class = FluxKontextPipeline
+    display_name = "FLUX.1 Kontext"
+    takes_condition_image = True
+
+    def __init__(self, pipe: FluxKontextPipeline, *, guidance: float = 2.5, **kwargs: Any) -> None:
+        super().__init__(pipe, guidance=guidance, **kwargs)
+        self.image_ids = self.img_ids.clone()  # [S, 3]: the source's tokens sit on the same grid ...
+        self.image_ids[:, 0] = 1  # ... marked as the context image, as the pipeline marks them
+        self.all_ids = torch.cat([self.img_ids, self.image_ids])  # [2S, 3]
+
+    def encode_prompts(self, prompts: Sequence[str]) -> Conditioning:
+        raise RecipeError(
+            'flux_kontext edits a condition image: give each prompt one with an "image" field in a .jsonl '
+            "prompt file (the core then calls encode_conditions)"
+        )
+
+    @torch.no_grad()
+    def encode_conditions(
+        self, prompts: Sequence[str], images: Sequence[Sequence[torch.Tensor]]
+    ) -> Conditioning:
+        """The text's conditioning (cached per prompt text) and ``image_latents`` ``[B, N, 4C]``, the packed
+        VAE latents of each prompt's source image at the output resolution."""
+        if len(images) != len(prompts) or any(len(im) != 1 for im in images):
+            counts = sorted({len(im) for im in images})
+            raise RecipeError(
+                f'flux_kontext takes exactly one condition image per prompt, got {counts}; give one "image" '
+                "path per line (several images: use qwen_image_edit_plus)"
+            )
+        cond = super().encode_prompts(prompts)
+        sources = torch.stack([self._source(im[0]) for im in images])  # [B, 3, H, W] in [-1, 1]
+        cond["image_latents"] = self.pack(self._vae_encode(sources))
+        return cond
+
+    def _source(self, image: torch.Tensor) -> torch.Tensor:
+        """``[3, h, w]`` in ``[0, 1]`` -> ``[3, H, W]`` in ``[-1, 1]`` at the output resolution."""
+        x = image.to(self.device, torch.float32)[None]
+        if x.shape[-2:] != (self.resolution, self.resolution):  # the pipeline's resize (PIL bicubic) differs
+            x = torch.nn.functional.interpolate(
+                x, size=(self.resolution,) * 2, mode="bicubic", antialias=True
+            )
+        return (x[0].clamp(0, 1) * 2 - 1).to(self.vae.dtype)
+
+    def _vae_encode(self, images: torch.Tensor) -> torch.Tensor:
+        """Images ``[B, 3, H, W]`` in ``[-1, 1]`` -> scaled latents ``[B, C, h, w]`` (the distribution's mode,
+        as ``FluxKontextPipeline._encode_vae_image``)."""
+        cfg = self.vae.config
+        latents = self.vae.encode(images).latent_dist.mode()
+        return ((latents - cfg.shift_factor) * cfg.scaling_factor).to(self.dtype)
+
+    def denoiser_inputs(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> dict[str, Any]:
+        inputs = super().denoiser_inputs(z, t, cond)
+        source = cond["image_latents"].to(self.device, self.dtype)  # [B, N, 4C]
+        inputs["hidden_states"] = torch.cat([inputs["hidden_states"], source], dim=1)  # [B, 2N, 4C]
+        inputs["img_ids"] = self.all_ids
+        return inputs
+
+    def denoiser_output(self, output: Any, z: torch.Tensor) -> torch.Tensor:
+        tokens = output[0][:, : self.img_ids.shape[0]]  # the noisy latents' tokens; the source's are dropped
+        return self.unpack(tokens)  # [B, C, h, w]
