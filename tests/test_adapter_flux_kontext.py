@@ -103,7 +103,7 @@ def test_the_velocity_depends_on_the_source_and_each_row_stands_alone(adapter, e
 
 
 def test_text_alone_or_several_sources_are_refused_in_one_line(adapter, edits) -> None:
-    with pytest.raises(RecipeError, match="flux_kontext edits a condition image"):
+    with pytest.raises(RecipeError, match="flux_kontext takes a condition image"):
         adapter.encode_prompts(["a red cat"])
     with pytest.raises(RecipeError, match="exactly one condition image per prompt"):
         adapter.encode_conditions(["two"], [condition_images(edits[0]) * 2])

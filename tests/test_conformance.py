@@ -71,6 +71,30 @@ def _edits() -> dict[str, Any]:
     return {"prompts": tiny_kontext.edit_prompts(Path(tempfile.mkdtemp()), 2)}
 
 
+def _tiny_wan_i2v(folder: Path) -> dict[str, Any]:
+    """Options of the tiny Wan image-to-video pipeline (Wan 2.2 I2V layout) ``tiny_wan_i2v`` writes."""
+    import tiny_pipelines as tp
+    import tiny_wan_i2v
+
+    tiny_wan_i2v.build_tiny_wan_i2v(folder)
+    return {
+        "model": str(folder),
+        "resolution": tp.WAN_SIDE,
+        "num_frames": tp.WAN_FRAMES,
+        "max_sequence_length": tp.WAN_TOKENS,
+    }
+
+
+def _first_frames() -> dict[str, Any]:
+    """The kit's prompts for an image-to-video adapter: two, each with a first frame of the clip's size."""
+    import tempfile
+
+    import tiny_kontext
+    import tiny_pipelines as tp
+
+    return {"prompts": tiny_kontext.edit_prompts(Path(tempfile.mkdtemp()), 2, side=tp.WAN_SIDE)}
+
+
 def _tiny_flux2(builder: str, tokens: str) -> Callable[[Path], dict[str, Any]]:
     """Options of a tiny FLUX.2 pipeline ``tiny_flux2.<builder>`` writes; ``tokens`` names its text length."""
 
@@ -185,6 +209,7 @@ TINY: dict[tuple[str, str], tuple[Any, Any]] = {
     ("adapter", "sd3"): (_tiny_diffusers("build_tiny_sd3"), {}),
     ("adapter", "flux"): (_tiny_diffusers("build_tiny_flux"), {}),
     ("adapter", "flux_kontext"): (_tiny_kontext, _edits),  # an editing adapter: prompts carry sources
+    ("adapter", "wan_i2v"): (_tiny_wan_i2v, _first_frames),
     ("adapter", "flux2"): (_tiny_flux2("build_tiny_flux2", "DEV_TOKENS"), {}),
     ("adapter", "flux2_klein"): (_tiny_flux2("build_tiny_flux2_klein", "KLEIN_TOKENS"), {}),
     ("adapter", "wan"): (

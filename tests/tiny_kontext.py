@@ -30,20 +30,21 @@ def source_image(seed: int, side: int = RESOLUTION) -> Image.Image:
     return Image.fromarray(small).resize((side, side), Image.Resampling.BILINEAR)
 
 
-def edit_prompt_set(folder: Path, count: int = 3) -> Path:
-    """``folder/edits.jsonl``: ``count`` edit instructions, each with its own source in ``folder/src``."""
+def edit_prompt_set(folder: Path, count: int = 3, side: int = RESOLUTION) -> Path:
+    """``folder/edits.jsonl``: ``count`` edit instructions, each with its own ``side``-pixel source in
+    ``folder/src``."""
     (folder / "src").mkdir(parents=True, exist_ok=True)
     lines = []
     for i in range(count):
-        source_image(i).save(folder / "src" / f"{i}.png")
+        source_image(i, side).save(folder / "src" / f"{i}.png")
         lines.append({"prompt": EDITS[i % len(EDITS)], "image": f"src/{i}.png", "task": "edit"})
     path = folder / "edits.jsonl"
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return path
 
 
-def edit_prompts(folder: Path, count: int = 3) -> list[Prompt]:
-    """The prompts of ``edit_prompt_set(folder, count)``, each carrying its source (what the loader makes)."""
-    path = edit_prompt_set(folder, count)
+def edit_prompts(folder: Path, count: int = 3, side: int = RESOLUTION) -> list[Prompt]:
+    """The prompts of ``edit_prompt_set(folder, count, side)``, each carrying its source (as the loader)."""
+    path = edit_prompt_set(folder, count, side)
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     return [Prompt(line["prompt"], line, [folder / line["image"]]) for line in lines]

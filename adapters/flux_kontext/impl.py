@@ -19,18 +19,18 @@ from typing import Any
 
 import torch
 from diffusers import FluxKontextPipeline
+from vgrpo_adapters._diffusers_condition import ConditionImageMixin, resized_source
 from vgrpo_adapters.flux.impl import FluxAdapter
 
-from vgrpo_platform.errors import RecipeError
 from vgrpo_platform.protocols import Conditioning
 
 
-class FluxKontextAdapter(FluxAdapter):
+class FluxKontextAdapter(ConditionImageMixin, FluxAdapter):
     """FLUX.1 Kontext: FLUX's transformer with the source image's latents as extra tokens."""
 
     pipeline_class = FluxKontextPipeline
     display_name = "FLUX.1 Kontext"
-    takes_condition_image = True
+    adapter_name = "flux_kontext"
 
     def __init__(self, pipe: FluxKontextPipeline, *, guidance: float = 2.5, **kwargs: Any) -> None:
         super().__init__(pipe, guidance=guidance, **kwargs)
@@ -38,43 +38,24 @@ class FluxKontextAdapter(FluxAdapter):
         self.image_ids[:, 0] = 1  # ... marked as the context image, as the pipeline marks them
         self.all_ids = torch.cat([self.img_ids, self.image_ids])  # [2S, 3]
 
-    def encode_prompts(self, prompts: Sequence[str]) -> Conditioning:
-        raise RecipeError(
-            'flux_kontext edits a condition image: give each prompt one with an "image" field in a .jsonl '
-            "prompt file (the core then calls encode_conditions)"
-        )
-
     @torch.no_grad()
     def encode_conditions(
         self, prompts: Sequence[str], images: Sequence[Sequence[torch.Tensor]]
     ) -> Conditioning:
         """The text's conditioning (cached per prompt text) and ``image_latents`` ``[B, N, 4C]``, the packed
         VAE latents of each prompt's source image at the output resolution."""
-        if len(images) != len(prompts) or any(len(im) != 1 for im in images):
-            counts = sorted({len(im) for im in images})
-            raise RecipeError(
-                f'flux_kontext takes exactly one condition image per prompt, got {counts}; give one "image" '
-                "path per line (several images: use qwen_image_edit_plus)"
-            )
-        cond = super().encode_prompts(prompts)
-        sources = torch.stack([self._source(im[0]) for im in images])  # [B, 3, H, W] in [-1, 1]
+        self.one_image_each(prompts, images)
+        cond = self.text_conditioning(prompts)
+        side, device = self.resolution, self.device
+        sources = torch.stack([resized_source(im[0], side, side, device) for im in images])  # [B, 3, H, W]
         cond["image_latents"] = self.pack(self._vae_encode(sources))
         return cond
-
-    def _source(self, image: torch.Tensor) -> torch.Tensor:
-        """``[3, h, w]`` in ``[0, 1]`` -> ``[3, H, W]`` in ``[-1, 1]`` at the output resolution."""
-        x = image.to(self.device, torch.float32)[None]
-        if x.shape[-2:] != (self.resolution, self.resolution):  # the pipeline's resize (PIL bicubic) differs
-            x = torch.nn.functional.interpolate(
-                x, size=(self.resolution,) * 2, mode="bicubic", antialias=True
-            )
-        return (x[0].clamp(0, 1) * 2 - 1).to(self.vae.dtype)
 
     def _vae_encode(self, images: torch.Tensor) -> torch.Tensor:
         """Images ``[B, 3, H, W]`` in ``[-1, 1]`` -> scaled latents ``[B, C, h, w]`` (the distribution's mode,
         as ``FluxKontextPipeline._encode_vae_image``)."""
         cfg = self.vae.config
-        latents = self.vae.encode(images).latent_dist.mode()
+        latents = self.vae.encode(images.to(self.vae.dtype)).latent_dist.mode()
         return ((latents - cfg.shift_factor) * cfg.scaling_factor).to(self.dtype)
 
     def denoiser_inputs(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> dict[str, Any]:

@@ -9,7 +9,7 @@ loading; ``cfg_scale_2`` and ``train_experts`` apply to them (docs/adapters.md).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 from vgrpo_adapters._diffusers_options import CFGOptions, DiffusersVideoConfig
@@ -56,6 +56,18 @@ class WanAdapterConfig(DiffusersVideoConfig, CFGOptions):
         return self
 
 
+class WanI2VAdapterConfig(WanAdapterConfig):
+    """Options of ``[adapter.options]`` for ``name = "wan_i2v"``: ``wan``'s, for image-to-video."""
+
+    takes_condition_image: ClassVar[bool] = True  # `vgrpo check`: every prompt needs an "image"
+
+    model: str = Field(
+        "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers",
+        description="Hub id or local folder of a Wan 2.1 image-to-video pipeline (CLIP image encoder) or a "
+        "Wan 2.2 I2V A14B one (two experts) in the diffusers layout; each prompt's image is the first frame.",
+    )
+
+
 @hookimpl
 def register_components() -> list[Component]:
     return [
@@ -66,5 +78,13 @@ def register_components() -> list[Component]:
             WanAdapterConfig,
             "Wan 2.1 / 2.2 text-to-video (diffusers): 3D DiT (Wan 2.2: its two experts) trained, "
             "video VAE + UMT5 frozen, optional CFG.",
+        ),
+        Component(
+            "adapter",
+            "wan_i2v",
+            "vgrpo_adapters.wan.i2v:WanI2VAdapter.from_config",
+            WanI2VAdapterConfig,
+            "Wan 2.1 / 2.2 image-to-video (diffusers WanImageToVideoPipeline): each prompt's image is the "
+            "first frame; 3D DiT trained, VAE + UMT5 (+ CLIP vision) frozen, optional CFG.",
         ),
     ]
