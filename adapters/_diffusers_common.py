@@ -10,10 +10,11 @@ encoding, the transformer call, latent packing) live in each adapter's ``impl.py
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -292,12 +293,20 @@ class DiffusersFlowAdapter(CoreCalledAdapter, TransformerExport):
         return {k: v.to(self.device) for k, v in cond.items()}
 
     def _encode_on_device(self, prompts: list[str]) -> Conditioning:
-        if not self.offload_text_encoders:
+        with self.text_encoders_on_device():
             return self._encode(prompts)
+
+    @contextlib.contextmanager
+    def text_encoders_on_device(self) -> Iterator[None]:
+        """Inside, the text encoders are on the device (``offload_text_encoders`` keeps them in host
+        memory otherwise)."""
+        if not self.offload_text_encoders:
+            yield
+            return
         for encoder in self.text_encoders:
             encoder.to(self.device)
         try:
-            return self._encode(prompts)
+            yield
         finally:
             for encoder in self.text_encoders:
                 encoder.to("cpu")

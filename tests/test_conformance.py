@@ -95,6 +95,20 @@ def _first_frames() -> dict[str, Any]:
     return {"prompts": tiny_kontext.edit_prompts(Path(tempfile.mkdtemp()), 2, side=tp.WAN_SIDE)}
 
 
+def _tiny_qwen_edit(folder: Path) -> dict[str, Any]:
+    """Options of the tiny Qwen-Image-Edit-Plus pipeline ``tiny_qwen_image_edit`` writes (small areas)."""
+    import tiny_qwen_image_edit as tq
+
+    tq.build_tiny_qwen_image_edit_plus(folder)
+    return {
+        "model": str(folder),
+        "resolution": 32,
+        "max_sequence_length": 256,
+        "vae_image_area": tq.VAE_SIDE**2,
+        "condition_image_area": tq.CONDITION_SIDE**2,
+    }
+
+
 def _tiny_flux2(builder: str, tokens: str) -> Callable[[Path], dict[str, Any]]:
     """Options of a tiny FLUX.2 pipeline ``tiny_flux2.<builder>`` writes; ``tokens`` names its text length."""
 
@@ -210,6 +224,7 @@ TINY: dict[tuple[str, str], tuple[Any, Any]] = {
     ("adapter", "flux"): (_tiny_diffusers("build_tiny_flux"), {}),
     ("adapter", "flux_kontext"): (_tiny_kontext, _edits),  # an editing adapter: prompts carry sources
     ("adapter", "wan_i2v"): (_tiny_wan_i2v, _first_frames),
+    ("adapter", "qwen_image_edit_plus"): (_tiny_qwen_edit, _edits),
     ("adapter", "flux2"): (_tiny_flux2("build_tiny_flux2", "DEV_TOKENS"), {}),
     ("adapter", "flux2_klein"): (_tiny_flux2("build_tiny_flux2_klein", "KLEIN_TOKENS"), {}),
     ("adapter", "wan"): (

@@ -7,6 +7,8 @@ the surrogate. See docs/adapters.md.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import Field
 from vgrpo_adapters._diffusers_options import CFGOptions, DiffusersAdapterConfig
 
@@ -44,6 +46,36 @@ class QwenImageAdapterConfig(DiffusersAdapterConfig, CFGOptions):
     )
 
 
+class QwenImageEditPlusAdapterConfig(QwenImageAdapterConfig):
+    """Options of ``[adapter.options]`` for ``name = "qwen_image_edit_plus"``."""
+
+    takes_condition_image: ClassVar[bool] = True  # `vgrpo check`: every prompt needs an "image"
+
+    model: str = Field(
+        "Qwen/Qwen-Image-Edit-2509",
+        description="Hub id or local folder of a Qwen-Image-Edit pipeline the QwenImageEditPlusPipeline "
+        "loads (Qwen-Image-Edit-2509 / 2511), in the diffusers layout.",
+    )
+    max_sequence_length: int = Field(
+        1024,
+        ge=1,
+        le=1024,
+        description="Tokens kept per instruction read with its images (Qwen2.5-VL's, after the template's "
+        "prefix; ~200 per 384^2 source); longer ones are refused, shorter ones padded and masked.",
+    )
+    vae_image_area: int = Field(
+        1024 * 1024,
+        ge=32 * 32,
+        description="Pixels of each source as the VAE encodes it (the pipeline's VAE_IMAGE_SIZE, at the "
+        "source's aspect ratio, sides multiples of 32): its latents are the extra tokens.",
+    )
+    condition_image_area: int = Field(
+        384 * 384,
+        ge=28 * 28,
+        description="Pixels of each source as Qwen2.5-VL reads it (the pipeline's CONDITION_IMAGE_SIZE).",
+    )
+
+
 @hookimpl
 def register_components() -> list[Component]:
     return [
@@ -54,5 +86,13 @@ def register_components() -> list[Component]:
             QwenImageAdapterConfig,
             "Qwen-Image text-to-image (diffusers QwenImagePipeline): transformer trained, VAE + "
             "Qwen2.5-VL frozen, optional true CFG.",
+        ),
+        Component(
+            "adapter",
+            "qwen_image_edit_plus",
+            "vgrpo_adapters.qwen_image.edit_plus:QwenImageEditPlusAdapter.from_config",
+            QwenImageEditPlusAdapterConfig,
+            "Qwen-Image-Edit (diffusers QwenImageEditPlusPipeline): one or several source images read by "
+            "Qwen2.5-VL and appended as latent tokens; transformer trained, optional true CFG.",
         ),
     ]
