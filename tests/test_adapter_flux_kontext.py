@@ -27,6 +27,7 @@ from vgrpo_adapters.flux_kontext.impl import FluxKontextAdapter
 from vgrpo_rewards import toy as toy_rewards
 
 from vgrpo_platform.algo.surrogates import entry as surrogates_plugin
+from vgrpo_platform.cli.eval_run import evaluate_recipe
 from vgrpo_platform.cli.report import write_report
 from vgrpo_platform.cli.sample import sample_to_folder
 from vgrpo_platform.conditions import Prompt, condition_images, encode_conditioned
@@ -147,6 +148,9 @@ def test_an_edit_prompt_set_runs_end_to_end_rollout_reward_eval_sample_report(mo
     index = [json.loads(line) for line in (tmp_path / "samples" / "index.jsonl").read_text().splitlines()]
     assert len(out) == len(index) == 4 and index[0]["image"] == "src/0.png"  # 2 prompts x 2 samples
     assert read_layout(tmp_path / "samples" / "grid.png")["tiles"][0]["source"]
+    evaluated = evaluate_recipe(resolved, checkpoint=run_dir, out_dir=tmp_path / "eval")
+    assert evaluated.report["protocol"]["prompts"] == [str(p) for p in resolved.eval_prompts[:2]]
+    assert read_layout(tmp_path / "eval" / "grid.png")["tiles"][1]["source"]
     report = write_report(run_dir)
     assert "eval_000002.png" in report.read_text()
 
