@@ -217,7 +217,7 @@ def assert_reload_matches(
 
 def assert_exported_lora_reloads(
     adapter_class: type,
-    pipeline_class: type,
+    pipeline_class: type | None,
     config: Any,
     out: Path,
     prompts: Sequence[str],
@@ -227,16 +227,20 @@ def assert_exported_lora_reloads(
     """A "trained" LoRA of the adapter built from ``config``, exported to ``out`` and loaded by the
     pipeline's ``load_lora_weights`` into a fresh adapter (``adapter_class`` at ``config``'s resolution and
     token count on a ``pipeline_class`` loaded from ``config.model`` after the export) gives the trained
-    predictions; rank and alpha come from the file's metadata."""
+    predictions; rank and alpha come from the file's metadata. ``pipeline_class`` None: the fresh adapter
+    is built from ``config`` as the first (options beyond resolution and token count, e.g. a clip's size)."""
     adapter = adapter_from_config(adapter_class, config)
     attach_trained_lora(adapter)
     export_lora(adapter, out)
     cond = encode_conditioned(adapter, prompts)  # prompts carrying images for an editing adapter
-    fresh = adapter_class(
-        pipeline_class.from_pretrained(config.model),
-        resolution=config.resolution,
-        max_sequence_length=config.max_sequence_length,
-    )
+    if pipeline_class is None:
+        fresh = adapter_from_config(adapter_class, config)
+    else:
+        fresh = adapter_class(
+            pipeline_class.from_pretrained(config.model),
+            resolution=config.resolution,
+            max_sequence_length=config.max_sequence_length,
+        )
     load = partial(fresh.pipe.load_lora_weights, out)
     assert_reload_matches(adapter, fresh, load, z, t, cond, atol=1e-6, rtol=1e-5)
 

@@ -109,14 +109,9 @@ def test_lora_export_loads_into_a_fresh_pipeline_with_the_same_predictions(
     model_dir, tmp_path, edits
 ) -> None:
     z, t = noise(2, seed=6), torch.tensor([0.4, 0.9])
-    options = config(model_dir)
-    adapter = checks.adapter_from_config(QwenImageEditPlusAdapter, options)
-    checks.attach_trained_lora(adapter)
-    checks.export_lora(adapter, tmp_path / "final")
-    cond = encode_conditioned(adapter, edits)
-    fresh = checks.adapter_from_config(QwenImageEditPlusAdapter, options)
-    load = partial(fresh.pipe.load_lora_weights, tmp_path / "final")
-    checks.assert_reload_matches(adapter, fresh, load, z, t, cond, atol=1e-6, rtol=1e-5)
+    checks.assert_exported_lora_reloads(
+        QwenImageEditPlusAdapter, None, config(model_dir), tmp_path / "final", edits, z, t
+    )
 
 
 def test_recipe_runs_two_iterations_on_an_edit_prompt_set(model_dir, tmp_path) -> None:

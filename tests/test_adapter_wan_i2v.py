@@ -120,14 +120,9 @@ def test_lora_export_loads_into_a_fresh_pipeline_with_the_same_predictions(
     model_dir, tmp_path, sources
 ) -> None:
     z, t = noise(2, seed=6), torch.tensor([0.4, 0.9])
-    fresh_options = config(model_dir)
-    adapter = checks.adapter_from_config(WanI2VAdapter, fresh_options)
-    checks.attach_trained_lora(adapter)
-    checks.export_lora(adapter, tmp_path / "final")
-    cond = encode_conditioned(adapter, sources)
-    fresh = checks.adapter_from_config(WanI2VAdapter, fresh_options)
-    load = partial(fresh.pipe.load_lora_weights, tmp_path / "final")
-    checks.assert_reload_matches(adapter, fresh, load, z, t, cond, atol=1e-6, rtol=1e-5)
+    checks.assert_exported_lora_reloads(
+        WanI2VAdapter, None, config(model_dir), tmp_path / "final", sources, z, t
+    )
 
 
 def test_recipe_runs_two_iterations_on_an_image_to_video_prompt_set(model_dir, tmp_path) -> None:

@@ -271,12 +271,14 @@ def _make_wan_decoder_responsive(vae: AutoencoderKLWan, gain: float = 5.0) -> No
         vae.decoder.conv_out.weight.fill_(gain / vae.decoder.conv_out.weight[0].numel())
 
 
-def _tiny_wan_transformer() -> WanTransformer3DModel:
+def _tiny_wan_transformer(in_channels: int = 4, image_dim: int | None = None) -> WanTransformer3DModel:
+    """The tiny Wan DiT: ``in_channels`` beyond the latents' 4 for image-to-video's condition, ``image_dim``
+    for Wan 2.1 I2V's CLIP states."""
     return WanTransformer3DModel(
         patch_size=(1, 2, 2),
         num_attention_heads=2,
         attention_head_dim=12,
-        in_channels=4,
+        in_channels=in_channels,
         out_channels=4,
         text_dim=32,
         freq_dim=32,
@@ -285,6 +287,20 @@ def _tiny_wan_transformer() -> WanTransformer3DModel:
         cross_attn_norm=True,
         qk_norm="rms_norm_across_heads",
         rope_max_seq_len=32,
+        image_dim=image_dim,
+    )
+
+
+def _tiny_wan_vae() -> AutoencoderKLWan:
+    """Wan's causal video VAE at toy size: 4 latent channels, 8x spatial and 4x temporal compression."""
+    return AutoencoderKLWan(
+        base_dim=3,
+        z_dim=4,
+        dim_mult=[1, 1, 1, 1],
+        num_res_blocks=1,
+        temperal_downsample=[False, True, True],
+        latents_mean=[0.1, -0.2, 0.0, 0.3],
+        latents_std=[1.5, 0.8, 1.0, 2.0],
     )
 
 
@@ -306,15 +322,7 @@ def build_tiny_wan(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         encoder = _umt5(len(tok))
-        vae = AutoencoderKLWan(
-            base_dim=3,
-            z_dim=4,
-            dim_mult=[1, 1, 1, 1],
-            num_res_blocks=1,
-            temperal_downsample=[False, True, True],
-            latents_mean=[0.1, -0.2, 0.0, 0.3],
-            latents_std=[1.5, 0.8, 1.0, 2.0],
-        )
+        vae = _tiny_wan_vae()
         if responsive_vae:
             _make_wan_decoder_responsive(vae)
         transformer = _tiny_wan_transformer()
@@ -401,31 +409,41 @@ def build_tiny_qwen_image(folder: str | Path, seed: int = 0, shift_terminal: flo
         torch.manual_seed(seed)
         pipe = QwenImagePipeline(
             scheduler=FlowMatchEulerDiscreteScheduler(**{**QWEN_SCHEDULER, "shift_terminal": shift_terminal}),
-            vae=AutoencoderKLQwenImage(
-                base_dim=24,
-                z_dim=4,
-                dim_mult=[1, 2, 4],
-                num_res_blocks=1,
-                temperal_downsample=[False, True],
-                latents_mean=[0.1, -0.2, 0.0, 0.3],
-                latents_std=[1.5, 0.8, 1.0, 2.0],
-            ),
+            vae=tiny_qwen_vae(),
             text_encoder=_qwen_vl(tok),
             tokenizer=tok,
-            transformer=QwenImageTransformer2DModel(
-                patch_size=2,
-                in_channels=16,
-                out_channels=4,
-                num_layers=2,
-                attention_head_dim=16,
-                num_attention_heads=2,
-                joint_attention_dim=32,
-                guidance_embeds=False,
-                axes_dims_rope=(8, 4, 4),
-            ),
+            transformer=tiny_qwen_transformer(),
         )
     pipe.save_pretrained(folder)
     return Path(folder)
+
+
+def tiny_qwen_vae() -> AutoencoderKLQwenImage:
+    """Qwen-Image's video VAE at toy size: 4 latent channels, 4x spatial downsampling."""
+    return AutoencoderKLQwenImage(
+        base_dim=24,
+        z_dim=4,
+        dim_mult=[1, 2, 4],
+        num_res_blocks=1,
+        temperal_downsample=[False, True],
+        latents_mean=[0.1, -0.2, 0.0, 0.3],
+        latents_std=[1.5, 0.8, 1.0, 2.0],
+    )
+
+
+def tiny_qwen_transformer() -> QwenImageTransformer2DModel:
+    """Qwen-Image's MMDiT at toy size (2 blocks, 2x2 patches of the 4 latent channels)."""
+    return QwenImageTransformer2DModel(
+        patch_size=2,
+        in_channels=16,
+        out_channels=4,
+        num_layers=2,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=32,
+        guidance_embeds=False,
+        axes_dims_rope=(8, 4, 4),
+    )
 
 
 def build_tiny_longcat(folder: str | Path, seed: int = 0) -> Path:

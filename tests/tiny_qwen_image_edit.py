@@ -1,7 +1,9 @@
 """A tiny Qwen-Image-Edit-Plus pipeline: the tiny Qwen-Image transformer and VAE of ``tiny_pipelines``, and a
 Qwen2.5-VL text encoder whose vision tower reads the condition images (its tokenizer gains Qwen2-VL's
 vision tokens, a ``Qwen2VLProcessor`` feeds it). The pipeline's image areas are module constants
-(1024^2 for the VAE, 384^2 for the encoder); tests shrink them with ``small_areas``."""
+(1024^2 for the VAE, 384^2 for the encoder); tests shrink them with ``small_areas``.
+The VAE and transformer are ``build_tiny_qwen_image``'s (the encoder is drawn first here, so the weights
+differ)."""
 
 from __future__ import annotations
 
@@ -10,10 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageEditPlusPipeline
-from diffusers.models import QwenImageTransformer2DModel
+from diffusers import FlowMatchEulerDiscreteScheduler, QwenImageEditPlusPipeline
 from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit_plus as edit_plus
-from tiny_pipelines import QWEN_SCHEDULER, _qwen_vl, qwen_tokenizer
+from tiny_pipelines import QWEN_SCHEDULER, _qwen_vl, qwen_tokenizer, tiny_qwen_transformer, tiny_qwen_vae
 from tokenizers import AddedToken
 from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor, Qwen2VLVideoProcessor
 
@@ -37,15 +38,7 @@ def build_tiny_qwen_image_edit_plus(folder: str | Path, seed: int = 0) -> Path:
         config.video_token_id = ids["<|video_pad|>"]
         pipe = QwenImageEditPlusPipeline(
             scheduler=FlowMatchEulerDiscreteScheduler(**{**QWEN_SCHEDULER, "shift_terminal": None}),
-            vae=AutoencoderKLQwenImage(
-                base_dim=24,
-                z_dim=4,
-                dim_mult=[1, 2, 4],
-                num_res_blocks=1,
-                temperal_downsample=[False, True],
-                latents_mean=[0.1, -0.2, 0.0, 0.3],
-                latents_std=[1.5, 0.8, 1.0, 2.0],
-            ),
+            vae=tiny_qwen_vae(),
             text_encoder=encoder,
             tokenizer=tok,
             processor=Qwen2VLProcessor(
@@ -53,17 +46,7 @@ def build_tiny_qwen_image_edit_plus(folder: str | Path, seed: int = 0) -> Path:
                 tokenizer=tok,
                 video_processor=Qwen2VLVideoProcessor(),
             ),
-            transformer=QwenImageTransformer2DModel(
-                patch_size=2,
-                in_channels=16,
-                out_channels=4,
-                num_layers=2,
-                attention_head_dim=16,
-                num_attention_heads=2,
-                joint_attention_dim=32,
-                guidance_embeds=False,
-                axes_dims_rope=(8, 4, 4),
-            ),
+            transformer=tiny_qwen_transformer(),
         )
     pipe.save_pretrained(folder)
     return Path(folder)

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanImageToVideoPipeline
+from diffusers import FlowMatchEulerDiscreteScheduler, WanImageToVideoPipeline
 from diffusers.models import WanTransformer3DModel
-from tiny_pipelines import WAN22_BOUNDARY, _umt5, t5_tokenizer
+from tiny_pipelines import WAN22_BOUNDARY, _tiny_wan_transformer, _tiny_wan_vae, _umt5, t5_tokenizer
 from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModelWithProjection
 
 Z_DIM = 4
@@ -17,21 +17,7 @@ CLIP_DIM = 16
 
 def _transformer(image_dim: int | None) -> WanTransformer3DModel:
     """Input channels: the noisy latents, the 4 mask channels and the source's latents."""
-    return WanTransformer3DModel(
-        patch_size=(1, 2, 2),
-        num_attention_heads=2,
-        attention_head_dim=12,
-        in_channels=Z_DIM + 4 + Z_DIM,
-        out_channels=Z_DIM,
-        text_dim=32,
-        freq_dim=32,
-        ffn_dim=32,
-        num_layers=2,
-        cross_attn_norm=True,
-        qk_norm="rms_norm_across_heads",
-        rope_max_seq_len=32,
-        image_dim=image_dim,
-    )
+    return _tiny_wan_transformer(in_channels=Z_DIM + 4 + Z_DIM, image_dim=image_dim)
 
 
 def build_tiny_wan_i2v(
@@ -55,15 +41,7 @@ def build_tiny_wan_i2v(
         pipe = WanImageToVideoPipeline(
             tokenizer=tok,
             text_encoder=_umt5(len(tok)),
-            vae=AutoencoderKLWan(
-                base_dim=3,
-                z_dim=Z_DIM,
-                dim_mult=[1, 1, 1, 1],
-                num_res_blocks=1,
-                temperal_downsample=[False, True, True],
-                latents_mean=[0.1, -0.2, 0.0, 0.3],
-                latents_std=[1.5, 0.8, 1.0, 2.0],
-            ),
+            vae=_tiny_wan_vae(),
             transformer=_transformer(CLIP_DIM if clip else None),
             scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
             **extra,
