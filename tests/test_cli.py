@@ -225,6 +225,24 @@ def test_sample_calls_sample_to_folder(runner, recipe, monkeypatch, tmp_path):
     )
 
 
+def test_sample_gives_prompts_their_image_and_a_text_adapter_refuses_it(
+    runner, recipe, monkeypatch, tmp_path
+):
+    from PIL import Image
+
+    _, calls = fake_module(monkeypatch, "vgrpo_platform.cli.sample", "sample_to_folder")
+    Image.new("RGB", (4, 4)).save(tmp_path / "src.png")
+    args = ("sample", recipe, "--out", tmp_path / "out", "--prompt", "a", "--prompt", "b")
+    result = invoke(runner, *args, "--image", tmp_path / "src.png")
+    assert_user_error(result, "adapter toy takes no condition image but the --prompt prompts carry one")
+    assert not calls  # refused before any model loads
+    assert_user_error(invoke(runner, *args, "--image", tmp_path / "gone.png"), "--image")
+    from vgrpo_platform.conditions import with_images
+
+    paired = with_images(["a", "b"], [tmp_path / "src.png"])
+    assert [p.images for p in paired] == [(tmp_path / "src.png",)] * 2  # type: ignore[attr-defined]
+
+
 # --------------------------------------------------------------------------- plugins and help
 
 

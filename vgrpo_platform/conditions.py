@@ -78,6 +78,23 @@ def prompt_from_line(obj: Mapping[str, Any], folder: Path, where: str) -> Prompt
     return Prompt(obj["prompt"], metadata, paths)
 
 
+def with_images(texts: Sequence[str], images: Sequence[Path]) -> list[str]:
+    """``vgrpo sample --prompt ... --image ...``: each text with its image (one per text, or one for all),
+    as ``Prompt`` s; the texts alone without images."""
+    if not images:
+        return list(texts)
+    if not texts or len(images) not in (1, len(texts)):
+        raise RecipeError(
+            f"--image: {len(images)} image(s) for {len(texts)} --prompt(s); give one --image per --prompt, "
+            "or one for all"
+        )
+    for path in images:
+        if not Path(path).is_file():
+            raise RecipeError(f"--image '{path}' not found; give the path of a PNG or JPEG file")
+    paths = list(images) * len(texts) if len(images) == 1 else list(images)
+    return [Prompt(t, {IMAGE_FIELD: str(p)}, [Path(p)]) for t, p in zip(texts, paths, strict=True)]
+
+
 def images_of(prompt: str) -> tuple[Path, ...]:
     """The condition image paths of ``prompt`` (none for a plain string)."""
     return prompt.images if isinstance(prompt, Prompt) else ()
@@ -142,7 +159,7 @@ def check_conditions(adapter_name: str, takes_image: bool, prompts: Sequence[str
         bare = next(p for p in prompts if not images_of(p))
         raise RecipeError(
             f"adapter {adapter_name} edits a condition image but {source} include {str(bare)!r} without "
-            'one; give every line an "image" path in a .jsonl prompt file'
+            'one; give every prompt an image ("image" in a .jsonl prompt file, or vgrpo sample --image)'
         )
 
 

@@ -24,6 +24,7 @@ import typer
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
+from vgrpo_platform.conditions import check_conditions, takes_condition_image, with_images
 from vgrpo_platform.config.recipe import ResolvedRecipe, resolve_recipe
 from vgrpo_platform.errors import VgrpoError
 from vgrpo_platform.host.collect import collect_components
@@ -302,6 +303,12 @@ def sample(
     prompt: list[str] | None = typer.Option(
         None, "--prompt", help="A prompt to sample (repeatable); default: the recipe's eval prompts."
     ),
+    image: list[Path] | None = typer.Option(
+        None,
+        "--image",
+        help="A condition image for the --prompt prompts (an editing or image-to-video adapter): one per "
+        "prompt, in order, or one for all.",
+    ),
     num: int = typer.Option(4, "--num", min=1, help="Samples per prompt."),
     seed: int | None = typer.Option(None, "--seed", help="Random seed; default: the recipe's eval.seed."),
     overrides: list[str] | None = SetOpt,
@@ -310,12 +317,19 @@ def sample(
     """Generate samples with the recipe's adapter (optionally a trained checkpoint) into --out."""
     with user_errors(debug):
         resolved = _resolve(recipe, overrides)
+        prompts = with_images(list(prompt or []), list(image or []))
+        check_conditions(
+            resolved.adapter.spec.name,
+            takes_condition_image(resolved.adapter.config),
+            prompts,
+            "the --prompt prompts",
+        )
         sample_module = importlib.import_module("vgrpo_platform.cli.sample")  # heavy: torch, models
         sample_module.sample_to_folder(
             resolved,
             out_dir=out,
             checkpoint=checkpoint,
-            prompts=list(prompt) if prompt else None,
+            prompts=prompts or None,
             num_per_prompt=num,
             seed=resolved.recipe.eval.seed if seed is None else seed,
         )
