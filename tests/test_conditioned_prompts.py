@@ -157,14 +157,17 @@ def test_rewards_receive_each_rows_metadata_and_condition_image(tmp_path) -> Non
     reward = Recorder()
     score_all([WeightedReward("r", reward, 1.0)], Samples("image", torch.zeros(4, 3, 2, 2)), rows)
     assert [m["tag"] for m in reward.seen[:2]] == ["colors", "colors"] and "tag" not in reward.seen[2]
-    assert reward.seen[3]["include"] == [{"class": "cat"}] and reward.seen[3]["image"][0] == "img/blue.png"
+    img = tmp_path / "sub" / "img"
+    assert reward.seen[3]["include"] == [{"class": "cat"}] and reward.seen[3]["image"][0] == str(
+        img / "blue.png"
+    )
     assert reward.seen[0]["condition_image"].shape == (3, 4, 6)
     assert [im.shape for im in reward.seen[2]["condition_images"]] == [(3, 5, 5), (3, 4, 6)]
     torch.testing.assert_close(reward.seen[2]["condition_image"][2], torch.ones(5, 5))  # blue first
     frame = reward_wire.encode_frame(Samples("image", torch.zeros(4, 3, 2, 2)), rows, reward.seen)
     body = b"".join(bytes(chunk) for chunk in frame.chunks)
     header = json.loads(body[8 : 8 + int.from_bytes(body[:8], "little")])
-    assert header["metadata"][0] == {"image": "img/red.png", "tag": "colors"}  # the tensors stay behind
+    assert header["metadata"][0] == {"image": str(img / "red.png"), "tag": "colors"}  # tensors stay behind
 
 
 def test_sampler_state_resumes_to_the_same_conditioned_prompts_and_pickling_keeps_them(tmp_path) -> None:

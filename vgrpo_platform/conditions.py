@@ -5,7 +5,7 @@ A ``.jsonl`` prompt line is ``{"prompt": str, ...}``. Every other field becomes 
 ``include``, ...). The field ``"image"`` (a path relative to the JSONL file's folder, or a list of
 them for multi-image editing) is the prompt's condition image: an editing or image-to-video adapter
 encodes it with the text, and rewards receive it as ``metadata[i]["condition_image"]`` (``[3, H, W]``
-in ``[0, 1]``; ``"condition_images"`` lists every one).
+in ``[0, 1]``; ``"condition_images"`` lists every one; ``"image"`` becomes the absolute path).
 
 Why a ``str`` subclass: a ``Prompt`` *is* its text, so every path that carries prompts (the prompt
 sampler and its resumable state, group layouts, reward workers in other processes, logs) keeps
@@ -128,15 +128,17 @@ def condition_images(prompt: str) -> list[torch.Tensor]:
 
 def reward_metadata(prompts: Sequence[str]) -> list[dict[str, Any]]:
     """``metadata[i]`` for rewards: row ``i``'s JSONL fields, with ``condition_image`` (the first image,
-    a tensor) and ``condition_images`` (all of them) where it has any. A prompt's images are loaded once
-    for all its rows."""
+    a tensor) and ``condition_images`` (all of them) where it has any, and ``image`` as absolute paths. A
+    prompt's images are loaded once for all its rows."""
     loaded: dict[int, list[torch.Tensor]] = {}
     out = []
     for p in prompts:
         meta = dict(p.metadata) if isinstance(p, Prompt) else {}
-        if images_of(p):
+        if paths := images_of(p):
             images = loaded.setdefault(id(p), condition_images(p))
             meta["condition_image"], meta["condition_images"] = images[0], images
+            resolved = [str(path.resolve()) for path in paths]  # opens from any folder (a reward server)
+            meta[IMAGE_FIELD] = resolved[0] if isinstance(meta.get(IMAGE_FIELD), str) else resolved
         out.append(meta)
     return out
 
