@@ -177,6 +177,12 @@ def _geneval_inputs() -> dict[str, Any]:
     return {**_image_samples(6), "metadata": [meta] * 6}
 
 
+def _edit_inputs() -> dict[str, Any]:
+    """Six results and a source image per sample (the metadata an editing adapter hands the rewards)."""
+    sources = torch.rand(6, 3, 24, 24, generator=torch.Generator().manual_seed(1))
+    return {**_image_samples(6), "metadata": [{"condition_image": s} for s in sources]}
+
+
 def _image_samples(n: int = 4) -> dict[str, Any]:
     return {"samples": Samples("image", torch.rand(n, 3, 8, 8, generator=torch.Generator().manual_seed(0)))}
 
@@ -241,6 +247,7 @@ TINY: dict[tuple[str, str], tuple[Any, Any]] = {
     ("reward", "remote"): (_served_brightness, _image_samples),  # serves image rewards here
     ("reward", "vlm_judge"): (_fake_judge, _image_samples),
     ("reward", "geneval"): (_tiny_geneval, _geneval_inputs),
+    ("reward", "edit_clip"): (_tiny_clip(False), _edit_inputs),
 }
 SKIP: dict[tuple[str, str], str] = {}  # (kind, name) -> why the kit cannot apply; keep it empty
 

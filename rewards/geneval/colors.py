@@ -73,16 +73,8 @@ class ClipColors:
     def _classifier(self, cls: str, device: torch.device) -> torch.Tensor:
         if cls not in self.classifiers:
             texts = [t.format(c=c, cls=cls) for c in COLORS for t in TEMPLATES]
-            tok = self.clip.tokenizer(
-                texts, padding=True, truncation=True, max_length=77, return_tensors="pt"
-            )
-            tok = tok.to(device)
-            emb = features(
-                self.clip.model.get_text_features(
-                    input_ids=tok["input_ids"], attention_mask=tok["attention_mask"]
-                )
-            ).float()
-            emb = F.normalize(emb, dim=-1).view(len(COLORS), len(TEMPLATES), -1).mean(1)  # [10, D]
+            emb = self.clip.embed_texts(texts, device)  # [30, D] unit
+            emb = emb.view(len(COLORS), len(TEMPLATES), -1).mean(1)  # [10, D]
             self.classifiers[cls] = F.normalize(emb, dim=-1)
         return self.classifiers[cls]
 
