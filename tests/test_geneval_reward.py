@@ -299,3 +299,32 @@ def test_the_shipped_geneval_recipe_passes_check_with_flow_grpos_settings():
     assert (r.rollout.group_size, r.rollout.steps, r.eval.steps, r.grpo.std) == (24, 10, 40, "global")
     assert r.rewards[0].name == "geneval" and r.rewards[0].options["objective"] == "graded"
     assert len(resolved.train_prompts) > 1000 and len(resolved.eval_prompts) == 553
+
+
+def test_the_detector_comparison_script_runs_on_a_geneval_layout(tmp_path):
+    """``benchmarks/geneval_detectors.py`` on two tiny random detectors (their verdicts mean nothing): the
+    layout is read, every image gets each detector's verdict, agreement and kappa are computed."""
+    import json
+
+    from PIL import Image
+
+    from benchmarks.geneval_detectors import kappa, main
+
+    assert kappa([1, 0, 1, 0], [1, 0, 1, 0]) == 1.0 and kappa([1, 1, 0, 0], [0, 0, 1, 1]) == -1.0
+    for i, meta in enumerate([{"tag": "single_object", "include": [one("dog")]}, COUNT_TWO]):
+        folder = tmp_path / "images" / f"{i:05d}"
+        (folder / "samples").mkdir(parents=True)
+        (folder / "metadata.jsonl").write_text(json.dumps({"prompt": f"p{i}", **meta}) + "\n")
+        for k in range(2):
+            Image.fromarray(draw([DOG_LEFT] if k else TWO)[0]).save(folder / "samples" / f"{k:04d}.png")
+    m2f, owl = save_mask2former(tmp_path / "m2f"), save_owlv2(tmp_path / "owl")
+    out = tmp_path / "agreement.json"
+    summary = main(
+        [str(tmp_path / "images"), "--out", str(out), "--color", "pixels",
+         "--detector", f"mask2former={m2f}", "--detector", f"owlv2={owl}"]
+    )  # fmt: skip
+    record = json.loads(out.read_text())
+    assert summary["images"] == 4 and len(record["images"]) == 4
+    assert set(record["summary"]["score"]) == {"mask2former", "owlv2"}
+    pair = record["summary"]["pairs"]["mask2former|owlv2"]
+    assert 0 <= pair["agreement"] <= 1 and -1 <= pair["kappa"] <= 1
