@@ -171,6 +171,22 @@ def test_health_names_the_options_but_shows_no_value():
         assert SECRET not in reply.get_data(as_text=True), reply.status
 
 
+def test_a_reward_error_quoting_an_option_value_is_redacted():
+    class Leaky:
+        modalities = frozenset({"image"})
+
+        def score(self, samples: Samples, prompts: Any, metadata: Any) -> torch.Tensor:
+            raise PermissionError(f"the judge refused key {SECRET} (model m)")
+
+    app = RewardApp("judge", Leaky(), {"api_key": SECRET, "headers": {"X": [SECRET + "-2"]}, "model": "m"})
+    reply = Client(app).post("/score", data=valid_body(), content_type="application/json")
+    assert reply.status_code == 500 and SECRET not in reply.get_data(as_text=True)
+    assert (
+        reply.json["error"]
+        == "reward 'judge' raised PermissionError: the judge refused key <redacted> (model m)"
+    )
+
+
 # ------------------------------------------------------------------------------- 2. PNG means PNG
 
 

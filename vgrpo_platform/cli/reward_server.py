@@ -62,6 +62,7 @@ class RewardApp:
         self.name = name
         self.reward = reward
         self.options = dict(options or {})
+        self._hidden = sorted(set(_strings(self.options)), key=len, reverse=True)
         self.token = token.encode() if token else None
         self.max_pixels = max_pixels
         self._lock = threading.Lock()
@@ -94,6 +95,13 @@ class RewardApp:
             except Exception as exc:
                 raise RewardFailed(exc) from exc
         return {"protocol": request.protocol, "reward": self.name, "scores": wire.encode_scores(out)}
+
+    def redact(self, text: str) -> str:
+        """``text`` with every string option value of 4 or more characters replaced by ``<redacted>``:
+        a reward's error message may quote its options, and one may be a secret."""
+        for value in self._hidden:
+            text = text.replace(value, "<redacted>")
+        return text
 
     def authorised(self, header: str | None) -> bool:
         """Whether ``header`` (the request's ``Authorization``) carries the token; compared in constant
@@ -134,7 +142,7 @@ class RewardApp:
         except RewardFailed as failed:  # the reward's own failure: one line back, the traceback here
             cause = failed.__cause__ or failed
             traceback.print_exception(cause, file=sys.stderr)
-            status, reply = 500, {"error": f"reward '{self.name}' raised {_one_line(cause)}"}
+            status, reply = 500, {"error": self.redact(f"reward '{self.name}' raised {_one_line(cause)}")}
         except Exception as exc:  # a fault of the server itself: its traceback here, not to the client
             traceback.print_exc(file=sys.stderr)
             status, reply = 500, {"error": f"the reward server failed ({type(exc).__name__}); see its log"}
@@ -146,6 +154,19 @@ class RewardApp:
 
 class RewardFailed(Exception):
     """The served reward raised (its exception is the ``__cause__``): a 500, unlike a bad request's 4xx."""
+
+
+def _strings(value: Any) -> Iterable[str]:
+    """The strings of 4 or more characters in an option value, nested lists and tables included."""
+    if isinstance(value, str):
+        if len(value) >= 4:
+            yield value
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _strings(item)
 
 
 def _one_line(exc: BaseException) -> str:
