@@ -364,6 +364,18 @@ def test_cli_reads_the_token_from_the_environment_and_warns_beyond_loopback(monk
     assert TOKEN not in result.output
 
 
+def test_cli_defaults_are_the_documented_limits(monkeypatch):
+    from vgrpo_platform.cli import app as cli
+
+    monkeypatch.setattr(reward_server, "make_server", FakeServer)
+    result = CliRunner().invoke(cli.app, ["serve-reward", "brightness"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0 and result.stderr == "", result.output
+    app, bound, limits = FakeServer.made
+    assert bound == "127.0.0.1" and app.token is None and app.max_pixels == wire.MAX_PIXELS == 1 << 25
+    assert limits == {"timeout_s": reward_server.TIMEOUT_S, "max_connections": reward_server.MAX_CONNECTIONS}
+    assert (reward_server.TIMEOUT_S, reward_server.MAX_CONNECTIONS) == (60.0, 32)  # as docs/cli.md says
+
+
 def test_cli_token_env_that_is_not_set_is_one_line(monkeypatch):
     from vgrpo_platform.cli import app as cli
 
