@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from vgrpo_platform.algo import tree
 from vgrpo_platform.algo.surrogates.flow_grpo import window_mask, window_start
 
 FLOW_GRPO_FAMILY = ("flow_grpo", "dance_grpo", "flow_grpo_fast")
+TREE_FAMILY = ("tree_grpo", "branch_grpo")
 
 
 def trained_sde_steps(config: Any, steps: int, iteration: int) -> int:
@@ -51,6 +53,23 @@ def surrogate_forwards(name: str, config: Any, steps: int, gradient_steps: int, 
     raise KeyError(f"no NFE count for surrogate {name!r}; add it to benchmarks/nfe.py")
 
 
+def tree_forwards(config: Any, steps: int) -> float:
+    """Forwards per tree (one prompt group) of a tree rollout and its update (docs/method.md section 8):
+    one per node at each step of the rollout, one per trained edge (twice with a KL) in the loss."""
+    branches = config.tree_branch_steps
+    nodes = (tree.node_ids(steps, branches, config.tree_branching).amax(dim=0) + 1).tolist()  # after step j
+    rollout = sum([1, *nodes[:-1]])  # step j runs on the nodes made before it
+    trained = [
+        j
+        for j in range(steps)
+        if (config.tree_sde == "all" or j in branches)
+        and j not in config.tree_prune_steps
+        and (config.train_last_step or j < steps - 1)
+        and not (config.sde_kind == "cps" and j == steps - 1)
+    ]
+    return float(rollout + sum(nodes[j] for j in trained) * (2 if config.kl_beta > 0 else 1))
+
+
 def nfe_per_iteration(resolved: Any, iteration: int) -> float:
     """NFE of training ``iteration`` (1-based) of a resolved recipe: samples x (rollout + surrogate)."""
     recipe = resolved.recipe
@@ -58,6 +77,8 @@ def nfe_per_iteration(resolved: Any, iteration: int) -> float:
     steps = recipe.rollout.steps
     gradient_steps = min(recipe.train.gradient_steps_per_iteration, samples)
     name, config = recipe.surrogate.name, resolved.surrogate.config
+    if name in TREE_FAMILY:  # shared prefixes: counted per tree, not per sample
+        return recipe.rollout.prompts_per_iteration * tree_forwards(config, steps)
     train = surrogate_forwards(name, config, steps, gradient_steps, iteration)
     return float(samples * (steps + train))
 

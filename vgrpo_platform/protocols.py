@@ -278,6 +278,9 @@ class SurrogateBase:
     """``"group"``: one initial noise per prompt group in training rollouts (DanceGRPO, Flow-GRPO-Fast)."""
     owns_rollout: bool = False
     """True: training rollouts come from ``rollout`` instead of ``adapter.sample`` (never evaluations)."""
+    rollout_block: int = 1
+    """Rows one ``rollout`` call must see together (a tree rollout's leaves, the prompt group): the loop
+    rounds its rollout chunks up to a multiple of it."""
     gradient_steps: int = 0
     """Optimiser steps each batch gets, as told by ``plan_updates`` (0 = unknown)."""
     needs_exact_rollouts: bool = False

@@ -454,7 +454,8 @@ class Trainer:
     def _roll_out(self, draw: _Draw, iteration: int, feeder: GroupFeeder | None) -> _Rollout:
         """The rank's rollout from the run's backend (or the surrogate's own sampler), chunk by chunk."""
         plan = draw.pending.plan if draw.pending else self._plan(draw.prompts, draw.block, draw.rows.start)
-        chunk = self.recipe.train.micro_batch_size
+        block = self.session.surrogate.rollout_block  # a tree rollout needs its whole group in one call
+        chunk = -(-self.recipe.train.micro_batch_size // block) * block
         sample_chunk, info, generating = self.source.sampler_for(
             plan, self.sampler, iteration, chunk, draw.pending
         )
