@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, Self, TypeVar, runtime_checkable
@@ -307,6 +307,12 @@ class SurrogateBase:
 
     def after_step(self, adapter: Adapter) -> None:
         """After each optimiser step, e.g. to move an EMA old policy."""
+
+    def score_steps(
+        self, batch: RolloutBatch, adapter: Adapter, score: Callable[[torch.Tensor], torch.Tensor]
+    ) -> None:
+        """After the rewards and before ``prepare``: ``score`` maps clean latents ``[B, *L]`` (the batch's
+        rows, in order) to their total reward ``[B]``, for rewards of intermediate steps (DenseGRPO)."""
 
     def rollout(
         self,

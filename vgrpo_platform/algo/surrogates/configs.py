@@ -206,8 +206,32 @@ class FlowGRPOConfig(PluginConfig):
         description="Tree rollout: steps (0-based) whose edges are not trained (BranchGRPO's depth pruning).",
     )
 
+    step_rewards: bool = Field(
+        False,
+        description="DenseGRPO's dense rewards: each trained step's advantage is the change it made in the "
+        "reward of the clean sample predicted from its latent, normalised per prompt group and step; only "
+        "the scored steps train.",
+    )
+    step_reward_steps: list[int] | None = Field(
+        None,
+        description="step_rewards: the steps (0-based) to score and train; null = every trainable SDE step.",
+    )
+    step_reward_target: Literal["ode", "x0"] = Field(
+        "ode",
+        description="step_rewards: how a latent becomes a clean sample to score: 'ode' = the deterministic "
+        "Euler completion over the rest of the rollout's grid with the rollout policy (DenseGRPO); 'x0' = "
+        "the one-forward prediction z - t v.",
+    )
+
     @model_validator(mode="after")
     def _check_tree(self) -> FlowGRPOConfig:
+        if self.step_reward_steps is not None and not self.step_rewards:
+            raise ValueError("step_reward_steps needs step_rewards = true")
+        if self.step_rewards and self.tree_branch_steps is not None:
+            raise ValueError(
+                "step_rewards and a tree rollout both set per-step advantages: choose one "
+                "(drop step_rewards or tree_branch_steps)"
+            )
         if self.tree_branch_steps is None:
             if self.tree_prune_steps:
                 raise ValueError("tree_prune_steps needs a tree rollout: set tree_branch_steps or drop it")

@@ -26,11 +26,12 @@ micro-batch, as the surrogate contract has it); MixGRPO's window bounds that to 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from vgrpo_platform.algo import sde, tree
+from vgrpo_platform.algo import sde, step_rewards, tree
 from vgrpo_platform.algo.surrogates.configs import FlowGRPOConfig
 from vgrpo_platform.errors import RecipeError
 from vgrpo_platform.finetune import reference_mode
@@ -58,6 +59,10 @@ class FlowGRPOState(BatchState):
     node_id: torch.Tensor | None = None  # [B, T] long, tree rollouts: each step's node (algo/tree.py)
     step_advantage: torch.Tensor | None = None  # [B, T], tree rollouts: each edge's node advantage (prepare)
     edge_weight: torch.Tensor | None = None  # [B], tree rollouts: G / (trained edges of the tree) (prepare)
+    step_reward: torch.Tensor | None = (
+        None  # [B, T], step_rewards: each scored step's reward gain (score_steps)
+    )
+    step_scored: torch.Tensor | None = None  # [B, T] float, step_rewards: 1 where the step was scored
 
 
 def euler_grid(
@@ -343,6 +348,11 @@ class FlowGRPOSurrogate(SurrogateBase):
         state.train_mask = candidates.to(torch.float32)
         if state.node_id is not None:
             self._prepare_tree(batch, state)
+        if state.step_reward is not None and state.step_scored is not None:  # DenseGRPO: scored steps only
+            state.train_mask = state.train_mask * state.step_scored
+            state.step_advantage = step_rewards.step_advantages(
+                state.step_reward, state.step_scored[0] > 0, batch.group_ids.to(state.step_reward.device)
+            )
         if cfg.kl_beta <= 0:
             return
         traj, grid = state.trajectory, state.timesteps
@@ -359,6 +369,65 @@ class FlowGRPOSurrogate(SurrogateBase):
                     batch.latents.dtype,
                 )[0]
         state.ref_mean = means
+
+    @torch.no_grad()
+    def score_steps(
+        self, batch: RolloutBatch, adapter: Adapter, score: Callable[[torch.Tensor], torch.Tensor]
+    ) -> None:
+        """DenseGRPO (``step_rewards``): the reward of the clean sample each needed latent leads to, and
+        each scored step's gain ``R_{j+1} - R_j`` (``algo/step_rewards.py``), in ``batch.state``.
+
+        ``score`` maps clean latents ``[B, *L]`` (the batch's rows, in order) to their total reward ``[B]``;
+        the final latents' reward is the batch's own (``batch.rewards``), not scored again.
+        """
+        cfg = self.config
+        if not cfg.step_rewards:
+            return
+        state = batch.state_as(FlowGRPOState, "FlowGRPOSurrogate.score_steps", written_by="its rollout()")
+        traj, grid = state.trajectory, state.timesteps
+        steps = traj.shape[1] - 1
+        trainable = trainable_steps(state.sde_mask, cfg.train_last_step).any(dim=0)  # [T]
+        wanted = cfg.step_reward_steps if cfg.step_reward_steps is not None else range(steps)
+        late = [j for j in wanted if j >= steps]
+        if late:
+            raise RecipeError(
+                f"step_reward_steps {late} are past rollout.steps = {steps}: use steps < {steps}"
+            )
+        chosen = [j for j in wanted if bool(trainable[j])]
+        if not chosen:
+            raise RecipeError("step_rewards scores no trainable SDE step: pick step_reward_steps among them")
+        indices = step_rewards.latent_indices(chosen)
+        device = traj.device
+        rewards = []
+        for i in indices:
+            if i == steps:  # the sample itself
+                rewards.append(batch.rewards.to(device, torch.float32))
+            else:
+                clean = self._completion(adapter, traj[:, i], grid, i, batch.cond, batch.latents.dtype)
+                rewards.append(score(clean).to(device, torch.float32))
+        state.step_reward = step_rewards.reward_gains(torch.stack(rewards, dim=1), indices, chosen, steps)
+        scored = torch.zeros(steps, device=device)
+        scored[chosen] = 1.0
+        state.step_scored = scored.expand(len(batch), steps).clone()
+
+    def _completion(
+        self,
+        adapter: Adapter,
+        z: torch.Tensor,
+        grid: torch.Tensor,
+        i: int,
+        cond: Conditioning,
+        model_dtype: torch.dtype,
+    ) -> torch.Tensor:
+        """The clean sample latent ``z_i`` ``[B, *L]`` leads to: Euler ODE steps over the rest of the grid
+        (``step_reward_target = "ode"``) or the one-step x-prediction ``z - t v`` (``"x0"``)."""
+        last = grid.shape[1] - 1 if self.config.step_reward_target == "ode" else i + 1
+        for k in range(i, last):
+            t = grid[:, k]
+            v = adapter.predict(z.to(model_dtype), t, cond).to(z.dtype)
+            t_next = grid[:, k + 1] if self.config.step_reward_target == "ode" else torch.zeros_like(t)
+            z = sde.ode_step(z, v, t, t_next)  # to t_next = 0: z - t v, the x-prediction
+        return z.to(model_dtype)
 
     def _prepare_tree(self, batch: RolloutBatch, state: FlowGRPOState) -> None:
         """Tree rollouts: each edge trained once (by the first leaf below it), with its node's advantage
