@@ -575,6 +575,9 @@ class FlowGRPOSurrogate(SurrogateBase):
                 metrics["kl_old_mean"] = float(torch.cat(kl_olds).mean())
             if dropped:
                 metrics["masked_fraction"] = float(torch.cat(dropped).float().mean())
+            if state.step_reward is not None and state.step_scored is not None:  # DenseGRPO's gains
+                scored = state.step_scored > 0
+                metrics["step_reward_abs_gain"] = float(state.step_reward[scored].abs().mean())
         return loss, metrics
 
 
