@@ -12,12 +12,13 @@ import pytest
 import torch
 from tiny_models import DT
 from tiny_models import LinearVelocityAdapter as TinyAdapter
-from toy_runs import surrogate_toy_run
+from toy_runs import TOY, surrogate_toy_run
 
 from vgrpo_platform.algo import sde, tree
 from vgrpo_platform.algo.grpo import group_normalize
 from vgrpo_platform.algo.surrogates.configs import BranchGRPOConfig, FlowGRPOConfig, TreeGRPOConfig
 from vgrpo_platform.algo.surrogates.flow_grpo import FlowGRPOSurrogate
+from vgrpo_platform.config.recipe import resolve_recipe
 from vgrpo_platform.errors import RecipeError
 from vgrpo_platform.finetune import enable_full_finetune
 from vgrpo_platform.protocols import RolloutBatch, SamplerSpec
@@ -233,6 +234,12 @@ def test_a_group_that_is_not_one_tree_is_refused():
         FlowGRPOConfig(tree_branch_steps=[2, 1])
     with pytest.raises(ValueError, match="drop window_size"):
         FlowGRPOConfig(tree_branch_steps=[1], window_size=2)
+
+
+def test_a_recipe_whose_groups_are_not_one_tree_is_refused_before_any_model_loads():
+    with pytest.raises(RecipeError, match="one tree of 8 leaves, but rollout.group_size = 4"):
+        resolve_recipe(TOY, ["surrogate.name='tree_grpo'", "rollout.group_size=4"])
+    resolve_recipe(TOY, ["surrogate.name='tree_grpo'", "rollout.group_size=8"])  # 2^3 leaves: fine
 
 
 def test_the_presets_are_treegrpo_and_branchgrpo():
