@@ -39,6 +39,14 @@ METHODS: dict[str, list[str]] = {
     "mixgrpo": ["surrogate.name='flow_grpo'", "surrogate.options={window_size=4, window_shift_every=25}"],
     "dance_grpo": ["surrogate.name='dance_grpo'", "surrogate.options={}"],
     "flow_grpo_fast": ["surrogate.name='flow_grpo_fast'", "surrogate.options={}"],
+    # tree rollouts (docs/method.md section 8): the presets' 8-leaf trees are the worlds' groups of 8
+    "tree_grpo": ["surrogate.name='tree_grpo'", "surrogate.options={}"],
+    "branch_grpo": ["surrogate.name='branch_grpo'", "surrogate.options={}"],
+    # dense step rewards (docs/method.md section 9) on Flow-GRPO as shipped: each step's ODE completion scored
+    "dense_grpo": [
+        "surrogate.name='flow_grpo'",
+        "surrogate.options={kl_include_dt=false, train_last_step=false, step_rewards=true}",
+    ],
     "diffusion_nft": ["surrogate.name='diffusion_nft'", "surrogate.options={n_timesteps=4}"],
     "awm": ["surrogate.name='awm'", "surrogate.options={n_mc=4}"],
     "awm_authors": ["surrogate.name='awm_authors'", "surrogate.options={}"],
