@@ -97,6 +97,8 @@ def print_summary(summary: dict[str, Any]) -> None:
     print_table(title, table_rows(summary["methods"]), detail)
     if summary.get("ablations"):
         print_table("V-GRPO ablations (at V-GRPO's rate)", table_rows(summary["ablations"]), detail)
+    for line in extension_lines(summary):
+        print(line)
     judged = verdicts.verdicts(summary)
     if judged:
         print("\nThe paper's claims (rule: benchmarks/verdicts.py)")
@@ -158,6 +160,7 @@ def markdown(summary: dict[str, Any], source: str, curves: str | None = None) ->
                 f"{_pm(s, 'nfe_to_target', '.3g')} | {_pm(s, 'wall_to_target', '.0f')} | "
                 f"{_pm(s, 'time_train', '.0f')} |"
             )
+    lines += extension_lines(summary)
     judged = verdicts.verdicts(summary)
     if judged:
         lines += [
@@ -172,6 +175,35 @@ def markdown(summary: dict[str, Any], source: str, curves: str | None = None) ->
     if curves is not None:
         lines += ["", f"![held-out reward and {short or 'reward'} against NFE]({curves})"]
     return "\n".join(lines) + "\n"
+
+
+def extension_lines(summary: dict[str, Any]) -> list[str]:
+    """The extended seeds (``--extend``), per method: how many of them held the target in the longer run,
+    and where; nothing when no seed was extended."""
+    rows = []
+    for label, entry in summary["methods"].items():
+        longer = [s for s in entry.get("seeds", []) if s.get("extended")]
+        if not longer:
+            continue
+        where = ", ".join(
+            f"seed {s['seed']}: "
+            + (f"iteration {s['extended']['iterations_to_target']}" if s["extended"]["reached"] else "not")
+            for s in longer
+        )
+        held = sum(bool(s["extended"]["reached"]) for s in longer)
+        budget = longer[0]["extended"]["budget"]
+        rows.append(f"| {label} | {len(longer)} | {budget} | {held}/{len(longer)} | {where} |")
+    if not rows:
+        return []
+    return [
+        "",
+        "**Extended seeds** (`--extend`: a baseline seed that had not held the target ran on from its last "
+        "checkpoint; the ratio verdicts read these runs):",
+        "",
+        "| method | seeds extended | to iterations | held the target | where |",
+        "|---|---|---|---|---|",
+        *rows,
+    ]
 
 
 def write_doc(doc: Path, block: str, begin: str = DOC_BEGIN, end: str = DOC_END) -> None:

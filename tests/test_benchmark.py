@@ -248,6 +248,11 @@ def test_a_run_that_crosses_the_target_and_falls_back_has_not_reached_it():
         ("flow_grpo_fast", 1),
         ("diffusion_nft", 2),
         ("awm_authors", 1),
+        ("flow_grpo_cps", 1),
+        ("grpo_guard", 2),
+        ("flow_dppo", 1),
+        ("diffusion_dpo", 1),
+        ("dgpo", 2),
     ],
 )
 def test_nfe_per_iteration_counts_the_forwards_a_real_iteration_makes(tmp_path, method, gradient_steps):
