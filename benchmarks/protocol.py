@@ -79,7 +79,8 @@ METHODS: dict[str, list[str]] = {
     "awm": METHODS_FIRST["awm"],
     "awm_authors": METHODS_FIRST["awm_authors"],
     "flow_grpo_cps": ["surrogate.name='flow_grpo_cps'", "surrogate.options={}"],
-    # GRPO-Guard builds on Flow-GRPO's code: its KL form (no |dt|) and the last step untrained
+    # GRPO-Guard changes Flow-GRPO's loss: here on the flow_grpo row's settings, Flow-GRPO as shipped
+    # (its KL form without |dt|, the last step untrained), so the two rows differ only by the guard
     "grpo_guard": [
         "surrogate.name='grpo_guard'",
         "surrogate.options={kl_include_dt=false, train_last_step=false}",
