@@ -41,6 +41,11 @@ def _pm(entry: dict[str, Any], key: str, spec: str = ".3f") -> str:
     return fmt(mean, spec) + (f" ± {fmt(half, spec)}" if half is not None else "")
 
 
+def _prompt_file(override: str) -> str:
+    """``prompts.eval_file='../../recipes/prompts/x.txt'`` -> ``recipes/prompts/x.txt``."""
+    return override.split("=", 1)[1].strip("'\"").removeprefix("../../")
+
+
 def table_rows(block: dict[str, Any]) -> list[tuple[str, float | None, dict[str, Any]]]:
     """``(label, rate, across-seeds figures)`` of the methods (or ablations) block of a summary."""
     rows = []
@@ -124,6 +129,12 @@ def markdown(summary: dict[str, Any], source: str, curves: str | None = None) ->
         " to it counts up to the first of the two. Values are means over seeds ± the half-width of a 95%"
         " t-interval.",
     ]
+    if settings.get("sweep_eval"):  # a world with a validation split (protocol.WORLD_EVAL_FILES)
+        sweep, seeds = (_prompt_file(settings[k][0]) for k in ("sweep_eval", "seeds_eval"))
+        lines[-1] += (
+            f" The sweep's cells evaluate `{sweep}`, every other cell `{seeds}`: the rates are chosen on"
+            " prompts that no figure below reports."
+        )
     if len(settings["lrs"]) > 1:
         lines += ["", f"**Learning-rate sweep** ({summary['selection_rule']}; the chosen rate in bold):", ""]
         lines.append("| method | " + " | ".join(f"lr {lr:g}" for lr in settings["lrs"]) + " |")

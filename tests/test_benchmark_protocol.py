@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 from vgrpo_rewards.shapes import world as w
 
-from benchmarks import aggregate, compare, matrix, phases, prompt_split, records, verdicts
+from benchmarks import aggregate, compare, matrix, phases, prompt_split, records, render, summary, verdicts
 from benchmarks.protocol import EXTEND_FACTOR, METHODS, METHODS_FIRST, RATE_GRIDS, ROOT, WORLD_EVAL_FILES
 
 V2 = ["--world", "shapes_v2", "--seeds", "0", "1", "2", "--iterations", "150", "--eval-prompts", "189"]
@@ -69,6 +69,22 @@ def test_shapes_v2_sweeps_on_the_validation_prompts_and_reports_on_the_others(tm
         resolved = resolve_recipe(plan.recipe, cell.recipe_overrides(plan.common, tmp_path))
         assert resolved.eval_prompts == prompts  # what the cell evaluates
         assert resolved.recipe.surrogate.name == "mixgrpo"  # MixGRPO as its authors ship it
+    shown = render.markdown(
+        {
+            "settings": summary.settings(plan),
+            "target": {"metric": "m", "value": 0.5, "rule": "r"},
+            "recipe": "r",
+            "selection_rule": "s",
+            "commit": "c",
+            "methods": {},
+            "ablations": {},
+        },
+        "src",
+    )
+    assert (
+        "evaluate `recipes/prompts/shapes_validation.txt`, every other cell `recipes/prompts/shapes_reported"
+        in shown
+    )
     assert plan.grids == RATE_GRIDS["shapes_v2"] and set(plan.grids) == set(METHODS)
     assert plan.lrs == sorted({lr for g in RATE_GRIDS["shapes_v2"].values() for lr in g})
     given = phases.make_plan(compare.parse([*V2, "--lrs", "1e-3", "3e-3", "--out", str(tmp_path)]))
