@@ -15,8 +15,16 @@ from typing import Any
 from vgrpo_platform.algo import step_rewards, tree
 from vgrpo_platform.algo.surrogates.flow_grpo import window_mask, window_start
 
-FLOW_GRPO_FAMILY = ("flow_grpo", "dance_grpo", "flow_grpo_fast")
 TREE_FAMILY = ("tree_grpo", "branch_grpo")
+FLOW_GRPO_FAMILY = (
+    "flow_grpo",
+    "mixgrpo",
+    "dance_grpo",
+    "flow_grpo_fast",
+    "flow_grpo_cps",
+    "grpo_guard",
+    "flow_dppo",
+)
 
 
 def trained_sde_steps(config: Any, steps: int, iteration: int) -> int:
@@ -29,7 +37,8 @@ def trained_sde_steps(config: Any, steps: int, iteration: int) -> int:
     else:  # a random branch: its size is fixed, whether it holds the last step is not known here
         candidates = steps if size is None or size >= steps else size
         last_in_window = candidates == steps
-    if not config.train_last_step and last_in_window:
+    # the last step is left out by train_last_step = false, and a CPS step to t = 0 is deterministic
+    if last_in_window and (not config.train_last_step or config.sde_kind == "cps"):
         candidates -= 1
     return int(candidates * config.train_fraction) if config.train_fraction < 1 else candidates
 
@@ -50,8 +59,14 @@ def step_reward_forwards(config: Any, steps: int) -> int:
     return sum((steps - i) if config.step_reward_target == "ode" else 1 for i in needed if i < steps)
 
 
-def surrogate_forwards(name: str, config: Any, steps: int, gradient_steps: int, iteration: int) -> int:
-    """Denoiser forwards per sample that the surrogate ``name`` makes in one iteration."""
+def surrogate_forwards(
+    name: str, config: Any, steps: int, gradient_steps: int, iteration: int, group_size: int = 1
+) -> float:
+    """Denoiser forwards per sample that the surrogate ``name`` makes in one iteration.
+
+    ``diffusion_dpo`` forwards only each group's best and worst sample (policy and reference in
+    ``prepare``, policy in ``loss``): counted as if every group formed its pair, which it does unless its
+    rewards are all equal (within ``min_reward_gap``), so this is its count's upper bound."""
     if name in ("vgrpo", "elbo_naive"):
         k = config.n_mc
         old = 0 if gradient_steps == 1 else k  # one step: the loss's own forward is the old policy's
@@ -63,6 +78,10 @@ def surrogate_forwards(name: str, config: Any, steps: int, gradient_steps: int, 
     if name == "diffusion_nft":
         k = config.n_timesteps
         return 2 * k + (k if config.kl_beta > 0 else 0)  # trained + EMA old policy (+ reference)
+    if name == "diffusion_dpo":
+        return 2 * 3 * config.n_mc / group_size
+    if name == "dgpo":
+        return 3 * config.n_mc  # policy and reference in prepare, policy in loss
     if name in FLOW_GRPO_FAMILY:
         if config.step_rewards:  # only the scored steps train; + their latents' completions
             trained = len(scored_steps(config, steps))
@@ -98,7 +117,8 @@ def nfe_per_iteration(resolved: Any, iteration: int) -> float:
     name, config = recipe.surrogate.name, resolved.surrogate.config
     if name in TREE_FAMILY:  # shared prefixes: counted per tree, not per sample
         return recipe.rollout.prompts_per_iteration * tree_forwards(config, steps)
-    train = surrogate_forwards(name, config, steps, gradient_steps, iteration)
+    group = recipe.rollout.group_size
+    train = surrogate_forwards(name, config, steps, gradient_steps, iteration, group)
     return float(samples * (steps + train))
 
 
