@@ -370,3 +370,25 @@ def test_a_full_disk_in_a_run_is_one_line_from_the_cli(runner, tmp_path, monkeyp
     )  # progress bars before
     line = errors[0]
     assert "could not write checkpoint" in line and "No space left on device" in line
+
+
+# --------------------------------------------------------------------------- train.init_lora
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        (b"\x00" * 16, "is unreadable"),
+        (None, "header is not a JSON object"),  # an intact file whose LoRA options are garbage
+    ],
+)
+def test_a_damaged_init_lora_file_is_one_line(tmp_path, content, words):
+    from vgrpo_platform.lora_files import LORA_METADATA, read_lora
+
+    path = tmp_path / "lora.safetensors"
+    if content is None:
+        save_file({"a.lora_A.weight": torch.zeros(2, 2)}, str(path), metadata={LORA_METADATA: "[1, 2"})
+    else:
+        path.write_bytes(content)
+    with pytest.raises(CheckpointError, match=f"train.init_lora: .*{words}"):
+        read_lora(str(path))
