@@ -92,57 +92,38 @@ def save_checkpoint(
     root = checkpoint_dir(run_dir)
     final = root / f"{PREFIX}{iteration:06d}"
     tmp = root / f"{TMP}{iteration:06d}_{os.getpid()}"
-    try:
+    try:  # every step inline: tests/test_kill_resume.py kills before a random line of this function
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        _write_files(tmp, iteration, weights, optimizer, rng, state, averaged)
+        save_file(
+            {k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(tmp / "trainable.safetensors")
+        )
+        if averaged is not None:
+            save_file({k: v.contiguous().cpu() for k, v in averaged.items()}, str(tmp / AVERAGED))
+        torch.save(optimizer, tmp / "optimizer.pt")
+        save_file({k: v.contiguous() for k, v in rng.items()}, str(tmp / "rng.safetensors"))
+        (tmp / "state.json").write_text(json.dumps({**state, "iteration": iteration}, indent=1))
+        _fsync_dir(tmp)
     except Exception as exc:  # OSError, torch's RuntimeError, safetensors' own: write_failure sorts them
         shutil.rmtree(tmp, ignore_errors=True)
         failure = write_failure("checkpoint", final, exc)
         if failure is None:
             raise
         raise failure from exc
-    _move_in(tmp, final)
-    _prune(root, keep_last)
-    return final
-
-
-def _write_files(
-    tmp: Path,
-    iteration: int,
-    weights: dict[str, torch.Tensor],
-    optimizer: dict[str, Any],
-    rng: dict[str, torch.Tensor],
-    state: dict[str, Any],
-    averaged: dict[str, torch.Tensor] | None,
-) -> None:
-    save_file(
-        {k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(tmp / "trainable.safetensors")
-    )
-    if averaged is not None:
-        save_file({k: v.contiguous().cpu() for k, v in averaged.items()}, str(tmp / AVERAGED))
-    torch.save(optimizer, tmp / "optimizer.pt")
-    save_file({k: v.contiguous() for k, v in rng.items()}, str(tmp / "rng.safetensors"))
-    (tmp / "state.json").write_text(json.dumps({**state, "iteration": iteration}, indent=1))
-    _fsync_dir(tmp)
-
-
-def _move_in(tmp: Path, final: Path) -> None:
-    """Rename the written folder into place. An existing one is moved aside first and deleted last: at
-    every moment a complete copy of the iteration is on disk (``list_checkpoints`` finds the aside one)."""
-    root = final.parent
-    if not final.exists():
-        os.replace(tmp, final)
+    # An iteration written again: its old folder is moved aside and deleted only once the new one is
+    # in, so a complete copy is on disk at every moment (list_checkpoints finds an aside one).
+    aside = root / f"{ASIDE}{iteration:06d}_{os.getpid()}" if final.exists() else None
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(final, aside)
         _fsync_dir(root)
-        return
-    aside = root / f"{ASIDE}{final.name.removeprefix(PREFIX)}_{os.getpid()}"
-    shutil.rmtree(aside, ignore_errors=True)
-    os.replace(final, aside)
-    _fsync_dir(root)
     os.replace(tmp, final)
     _fsync_dir(root)
-    shutil.rmtree(aside, ignore_errors=True)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
+    _prune(root, keep_last)
+    return final
 
 
 def _prune(root: Path, keep_last: int) -> None:
