@@ -36,7 +36,7 @@ import pytest
 
 from vgrpo_platform.training.observe.metrics import read_metrics, without_timing
 from vgrpo_platform.training.recovery.checkpoint import checkpoint_dir, list_checkpoints, load_checkpoint
-from vgrpo_platform.training.recovery.run_state import RECORDS
+from vgrpo_platform.training.recovery.run_state import held_records
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "recipes" / "toy.toml"
@@ -209,10 +209,6 @@ def _train_iterations(metrics: Path) -> int:
     return done
 
 
-def _holds_records(run_dir: Path) -> bool:
-    return any((run_dir / f).is_file() and (run_dir / f).stat().st_size for f in RECORDS)
-
-
 def _incomplete(run_dir: Path) -> set[Path]:
     root = checkpoint_dir(run_dir)
     return set(root.iterdir()) - set(list_checkpoints(run_dir)) if root.is_dir() else set()
@@ -233,7 +229,7 @@ def kill_and_resume(server, out: Path, plan: list[str], per_iteration: dict[str,
         resume = started
         if started and not list_checkpoints(run_dir):  # killed before its first checkpoint
             stats["fresh_starts"] += 1
-            if not _holds_records(run_dir):  # a new run may start there: --resume has nothing to go on from
+            if not held_records(run_dir):  # a new run may start there: --resume has nothing to go on from
                 server.start(argv=run_args(out, "cut", "--resume"), log=str(log))
                 code = server.exit_code()
                 assert code == 2 and "no complete checkpoint" in log.read_text().splitlines()[-1]

@@ -214,7 +214,7 @@ def check_run_dir(run_dir: Path, resume: bool, *, probe_lock: bool = True) -> bo
     if pid is not None:
         raise RunFilesError(run_lock.in_use(run_dir, pid))
     checkpoints = list_checkpoints(run_dir)
-    records = [name for name in RECORDS if _holds_text(run_dir / name)]
+    records = held_records(run_dir)
     if not resume and (checkpoints or records):
         held = ", ".join([*records, *(["checkpoints/"] if checkpoints else [])])
         raise RecipeError(
@@ -229,6 +229,11 @@ def check_run_dir(run_dir: Path, resume: bool, *, probe_lock: bool = True) -> bo
         )
         return False
     return resume
+
+
+def held_records(run_dir: Path) -> list[str]:
+    """The names in ``RECORDS`` that ``run_dir`` holds with something in them (a run wrote there)."""
+    return [name for name in RECORDS if _holds_text(Path(run_dir) / name)]
 
 
 def _holds_text(path: Path) -> bool:
