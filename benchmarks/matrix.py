@@ -97,6 +97,7 @@ def read_marker(run_dir: Path) -> dict[str, Any] | None:
 def status(cell: Cell, settings: list[str], out: Path) -> str:
     """``done``, ``failed`` (finished: skipped), ``resume`` (checkpoints, no marker) or ``new``."""
     from vgrpo_platform.training.recovery.checkpoint import list_checkpoints
+    from vgrpo_platform.training.recovery.run_state import held_records
 
     run_dir = cell.directory(out)
     marker = read_marker(run_dir)
@@ -107,7 +108,8 @@ def status(cell: Cell, settings: list[str], out: Path) -> str:
                 f"({sorted(set(marker['settings']) ^ set(settings))}); choose another --out"
             )
         return marker["status"]
-    return "resume" if list_checkpoints(run_dir) else "new"
+    # records without a checkpoint (killed early): the trainer refuses a new run there, --resume starts over
+    return "resume" if list_checkpoints(run_dir) or held_records(run_dir) else "new"
 
 
 def finished(cell: Cell, common: Sequence[str], out: Path) -> str:

@@ -71,6 +71,7 @@ from vgrpo_platform.training.observe.tracking import Tracking, require
 from vgrpo_platform.training.recovery import faults
 from vgrpo_platform.training.recovery.fault_policy import FaultPolicy
 from vgrpo_platform.training.recovery.interrupts import StopFlag
+from vgrpo_platform.training.recovery.run_lock import RunLock
 from vgrpo_platform.training.recovery.run_state import LoopState, RunState, check_run_dir
 from vgrpo_platform.training.session import Session, build_session, fingerprint, resolve_device, run_dir_of
 
@@ -125,7 +126,19 @@ class Trainer:
         self.shard.prompt_block(recipe.rollout.prompts_per_iteration)  # fail early on an uneven split
         # before any model is built (a contradicting DeepSpeed config stops here)
         dp.configure_launch(self.accelerator, grad_clip=t.grad_clip, micro_batch_size=t.micro_batch_size)
-        check_run_dir(self.run_dir, resume)
+        # one live run per directory (run_lock.py): the main process holds the lock until run() ends
+        main = self.accelerator.is_main_process
+        resume = check_run_dir(self.run_dir, resume, probe_lock=main)  # False: --resume starts over
+        self.lock = RunLock.acquire(self.run_dir) if main else None
+        try:
+            self._build(resolved, resume)
+        except BaseException:
+            self.release()
+            raise
+
+    def _build(self, resolved: ResolvedRecipe, resume: bool) -> None:
+        """Everything after the run directory is ours: the session, the scorer, the loop's state."""
+        recipe, t = self.recipe, self.recipe.train
         self.run_dir.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(recipe.run.seed)
         context = BuildContext(
@@ -161,6 +174,7 @@ class Trainer:
             self.session,
             self.update,
             self.loop,
+            total_iterations=t.iterations,
         )
         self.on_fault = FaultPolicy(t, self.state, self._write)
         self.t_start = 0.0  # set by run(): perf_counter() of a training start with no time behind it
@@ -237,8 +251,21 @@ class Trainer:
             mismatch_samples=rollout.mismatch_samples,
         )
 
+    def release(self) -> None:
+        """Free the run directory's lock (``run()`` does when it ends, however it ends)."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
     # ----------------------------------------------------------------------------------------- loop
     def run(self) -> Path:
+        """The run from its first evaluation to its export; the run directory stays locked till it ends."""
+        try:
+            return self._run()
+        finally:
+            self.release()
+
+    def _run(self) -> Path:
         recipe = self.recipe
         total = recipe.train.iterations
         progress = Progress(
