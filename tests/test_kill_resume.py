@@ -2,7 +2,8 @@
 ``metrics.jsonl`` equals an uninterrupted run's, bit for bit (timing fields aside).
 
 Kill points, drawn from a seeded RNG: at a random moment of the first second (while the model
-is built, or before the first checkpoint: the next ``--resume`` then says to start afresh); a
+is built, or before the first checkpoint: the next ``--resume`` then says to start afresh, or, where the
+killed run left records, starts it over); a
 random fraction of an iteration after a new train record appears; just before a random executed
 line of ``save_checkpoint`` (between two files, before the rename, while pruning), of anything in
 ``checkpoint.py`` (loading too) or of ``metrics.py``; and after half a record was written. After
@@ -35,6 +36,7 @@ import pytest
 
 from vgrpo_platform.training.observe.metrics import read_metrics, without_timing
 from vgrpo_platform.training.recovery.checkpoint import checkpoint_dir, list_checkpoints, load_checkpoint
+from vgrpo_platform.training.recovery.run_state import held_records
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "recipes" / "toy.toml"
@@ -226,10 +228,13 @@ def kill_and_resume(server, out: Path, plan: list[str], per_iteration: dict[str,
         nonlocal started
         resume = started
         if started and not list_checkpoints(run_dir):  # killed before its first checkpoint
-            server.start(argv=run_args(out, "cut", "--resume"), log=str(log))
-            assert server.exit_code() == 2 and "no complete checkpoint" in log.read_text().splitlines()[-1]
             stats["fresh_starts"] += 1
-            resume = False  # what the error says to do
+            if not held_records(run_dir):  # a new run may start there: --resume has nothing to go on from
+                server.start(argv=run_args(out, "cut", "--resume"), log=str(log))
+                code = server.exit_code()
+                assert code == 2 and "no complete checkpoint" in log.read_text().splitlines()[-1]
+                resume = False  # what the error says to do
+            # else a new run is refused (the records are kept) and --resume starts the run over
         started = True
         return server.start(argv=run_args(out, "cut", *(["--resume"] if resume else [])), log=str(log), **job)
 

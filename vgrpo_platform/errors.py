@@ -38,3 +38,8 @@ class HubError(VgrpoError):
 
 class TrackerError(VgrpoError):
     """An experiment tracker (``log.trackers``) is not installed or failed to start."""
+
+
+class RunFilesError(VgrpoError):
+    """A run's checkpoint or record could not be written (disk full, read-only), or its run directory is
+    in use by another process."""

@@ -59,16 +59,30 @@ def read_lora(source: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     from safetensors import safe_open
 
     path = lora_file(source)
-    with safe_open(str(path), "pt") as f:
-        state = {k: f.get_tensor(k) for k in f.keys()}
-        header = f.metadata() or {}
+    try:
+        with safe_open(str(path), "pt") as f:
+            state = {k: f.get_tensor(k) for k in f.keys()}
+            header = f.metadata() or {}
+    except Exception as exc:  # a truncated or foreign file: safetensors raises its own types
+        raise CheckpointError(
+            f"train.init_lora: {path} is unreadable ({type(exc).__name__}: {exc}); point it at a run's "
+            "final/ folder or at an intact .safetensors LoRA"
+        ) from None
     if LORA_METADATA not in header:
         raise CheckpointError(
             f"train.init_lora: {path} stores no rank and alpha (no '{LORA_METADATA}' in its header), so "
             "its scale would be a guess; save it with diffusers' save_lora_weights(..., "
             "transformer_lora_adapter_metadata=...) or export it with vgrpo"
         )
-    config = json.loads(header[LORA_METADATA])
+    try:
+        config = json.loads(header[LORA_METADATA])
+    except ValueError:
+        config = None
+    if not isinstance(config, dict):
+        raise CheckpointError(
+            f"train.init_lora: {path}'s '{LORA_METADATA}' header is not a JSON object of LoRA options; "
+            "export the LoRA again with vgrpo, or save it with diffusers' save_lora_weights"
+        )
     prefix = "transformer."  # diffusers' pipeline-level layout, as vgrpo exports it
     if state and all(k.startswith(prefix) for k in state):
         state = {k.removeprefix(prefix): v for k, v in state.items()}

@@ -31,7 +31,8 @@ from vgrpo_platform.training.session import Session, build_session, fingerprint,
 
 
 def resolve_checkpoint(checkpoint: str | Path | None) -> Checkpoint | None:
-    """The checkpoint ``--checkpoint`` names; a folder that is none says what it lacks."""
+    """The checkpoint ``--checkpoint`` names (its contents checked: ``checkpoint_contents.py``); a folder
+    that is none says what it lacks. A run directory gives its newest usable checkpoint."""
     if checkpoint is None:
         return None
     path = Path(checkpoint)
@@ -39,8 +40,9 @@ def resolve_checkpoint(checkpoint: str | Path | None) -> Checkpoint | None:
         found = latest_valid_checkpoint(path, on_skip=lambda why: print(f"warning: {why}", file=sys.stderr))
         if found is None:
             raise CheckpointError(
-                f"run directory {path} holds no complete checkpoint in {path / 'checkpoints'}; train it "
-                "first, or name one of its checkpoints/iter_* folders"
+                f"run directory {path} holds no usable checkpoint in {path / 'checkpoints'} (none complete, "
+                "or only damaged ones: see the warnings); train it first, or name one of its "
+                "checkpoints/iter_* folders"
             )
         return found
     if not path.is_dir():
@@ -60,6 +62,14 @@ def resolve_checkpoint(checkpoint: str | Path | None) -> Checkpoint | None:
             f"{path.parent.parent} to take the newest complete checkpoint"
         )
     return load_checkpoint(path)
+
+
+def used(ckpt: Checkpoint) -> str:
+    """The line naming the checkpoint a command loaded, and the newer ones of the run it passed over."""
+    line = f"checkpoint: {ckpt.path} (iteration {ckpt.iteration})"
+    if ckpt.skipped:
+        line += f", an older one: the newer {'; '.join(ckpt.skipped)}"
+    return line
 
 
 def check_fit(resolved: ResolvedRecipe, ckpt: Checkpoint) -> list[Change] | None:
@@ -123,6 +133,7 @@ def trained_session(
     session = build_session(resolved, context)
     if ckpt is not None:
         load_weights(session.trainable, ckpt, differ)
+        print(used(ckpt), file=sys.stderr)  # which one, and why not a newer one of the run
     session.adapter.denoiser.eval()
     return session, ckpt
 

@@ -22,6 +22,17 @@ class RunSection(Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
 
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, name: str) -> str:
+        """The run directory is ``output_dir/name``: a path in ``name`` would write outside ``output_dir``."""
+        if not name.strip() or name in (".", "..") or any(c in name for c in "/\\\0"):
+            raise ValueError(
+                f"run.name = {name!r} is not a plain folder name (no '/', '\\', '..', absolute path or "
+                "empty name); name the run e.g. 'my_run' and put its parent folder in run.output_dir"
+            )
+        return name
+
 
 class ComponentRef(Section):
     name: str

@@ -71,6 +71,7 @@ from vgrpo_platform.training.observe.tracking import Tracking, require
 from vgrpo_platform.training.recovery import faults
 from vgrpo_platform.training.recovery.fault_policy import FaultPolicy
 from vgrpo_platform.training.recovery.interrupts import StopFlag
+from vgrpo_platform.training.recovery.run_lock import RunLock
 from vgrpo_platform.training.recovery.run_state import LoopState, RunState, check_run_dir
 from vgrpo_platform.training.session import Session, build_session, fingerprint, resolve_device, run_dir_of
 
@@ -125,7 +126,19 @@ class Trainer:
         self.shard.prompt_block(recipe.rollout.prompts_per_iteration)  # fail early on an uneven split
         # before any model is built (a contradicting DeepSpeed config stops here)
         dp.configure_launch(self.accelerator, grad_clip=t.grad_clip, micro_batch_size=t.micro_batch_size)
-        check_run_dir(self.run_dir, resume)
+        # one live run per directory (run_lock.py): the main process holds the lock until run() ends
+        main = self.accelerator.is_main_process
+        resume = check_run_dir(self.run_dir, resume, probe_lock=main)  # False: --resume starts over
+        self.lock = RunLock.acquire(self.run_dir) if main else None
+        try:
+            self._build(resolved, resume)
+        except BaseException:
+            self.release()
+            raise
+
+    def _build(self, resolved: ResolvedRecipe, resume: bool) -> None:
+        """Everything after the run directory is ours: the session, the scorer, the loop's state."""
+        recipe, t = self.recipe, self.recipe.train
         self.run_dir.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(recipe.run.seed)
         context = BuildContext(
@@ -161,6 +174,7 @@ class Trainer:
             self.session,
             self.update,
             self.loop,
+            total_iterations=t.iterations,
         )
         self.on_fault = FaultPolicy(t, self.state, self._write)
         self.t_start = 0.0  # set by run(): perf_counter() of a training start with no time behind it
@@ -237,8 +251,21 @@ class Trainer:
             mismatch_samples=rollout.mismatch_samples,
         )
 
+    def release(self) -> None:
+        """Free the run directory's lock (``run()`` does when it ends, however it ends)."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
     # ----------------------------------------------------------------------------------------- loop
     def run(self) -> Path:
+        """The run from its first evaluation to its export; the run directory stays locked till it ends."""
+        try:
+            return self._run()
+        finally:
+            self.release()
+
+    def _run(self) -> Path:
         recipe = self.recipe
         total = recipe.train.iterations
         progress = Progress(
@@ -383,6 +410,7 @@ class Trainer:
             clock.add_aside(rollout.info.get("time_mismatch", 0.0))
         self._prefetch_next(draw, iteration)
         batch = self._batch(draw, rollout, scores)
+        self._score_steps(batch)
         self._prepare_surrogate(batch, rollout.generating)
         with clock.aside():  # not part of the method's training cost
             diagnostics = self.diagnose(batch, iteration)
@@ -454,7 +482,8 @@ class Trainer:
     def _roll_out(self, draw: _Draw, iteration: int, feeder: GroupFeeder | None) -> _Rollout:
         """The rank's rollout from the run's backend (or the surrogate's own sampler), chunk by chunk."""
         plan = draw.pending.plan if draw.pending else self._plan(draw.prompts, draw.block, draw.rows.start)
-        chunk = self.recipe.train.micro_batch_size
+        block = self.session.surrogate.rollout_block  # a tree rollout needs its whole group in one call
+        chunk = -(-self.recipe.train.micro_batch_size // block) * block
         sample_chunk, info, generating = self.source.sampler_for(
             plan, self.sampler, iteration, chunk, draw.pending
         )
@@ -516,6 +545,24 @@ class Trainer:
             rows=dp.RowsOf(scores.group_ids.to(self.device), mine.start) if self.shard.world > 1 else None,
             state=rollout.state if isinstance(rollout.state, BatchState) else None,
         )
+
+    def _score_steps(self, batch: RolloutBatch) -> None:
+        """The surrogate's rewards of intermediate steps (DenseGRPO's ``step_rewards``), scored like the
+        batch: decoded, every training reward, the recipe's weights (``sum_k w_k R_k``, the logged reward)."""
+        weights = {r.key: r.weight for r in self.session.rewards}
+        adapter, group_size = self.session.adapter, self.recipe.rollout.group_size
+
+        def score(latents: torch.Tensor) -> torch.Tensor:
+            terms, _ = self.scorer.score(
+                adapter.decode(latents), batch.prompts, step=None, group_size=group_size
+            )
+            return sum(weights[k] * v.float().to(self.device) for k, v in sorted(terms.items()))  # type: ignore[return-value]
+
+        with (
+            self.accelerator.autocast(),
+            denoiser_call_of(adapter).rows_at_most(self.recipe.train.micro_batch_size),
+        ):
+            self.session.surrogate.score_steps(batch, adapter, score)
 
     def _prepare_surrogate(self, batch: RolloutBatch, generating: dict[str, torch.Tensor] | None) -> None:
         """The surrogate's pairs and the old policy's values, from the weights that generated the batch,

@@ -7,10 +7,13 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from vgrpo_platform.training.recovery.disk_space import write_failure
 
 if TYPE_CHECKING:
     import torch
@@ -36,15 +39,28 @@ class MetricsWriter:
 
     def __init__(self, path: Path, *, resume_after: int | None = None) -> None:
         self.path = Path(path)
-        if resume_after is None:
-            self.path.write_text("")
-        elif self.path.exists():
-            kept = [line for line in self.path.read_text().splitlines() if _iteration(line) <= resume_after]
-            _replace_text(self.path, "".join(line + "\n" for line in kept))
+        with self._failures():
+            if resume_after is None:
+                self.path.write_text("")
+            elif self.path.exists():
+                lines = self.path.read_text().splitlines()
+                kept = "".join(line + "\n" for line in lines if _iteration(line) <= resume_after)
+                _replace_text(self.path, kept)
 
     def write(self, record: dict[str, Any]) -> None:
-        with self.path.open("a") as f:
+        with self._failures(), self.path.open("a") as f:
             f.write(json.dumps(record, sort_keys=True) + "\n")
+
+    @contextmanager
+    def _failures(self) -> Iterator[None]:
+        """A failed write (a full disk) as one line naming the file and the free space."""
+        try:
+            yield
+        except OSError as exc:
+            failure = write_failure("records", self.path, exc)
+            if failure is None:
+                raise
+            raise failure from exc
 
 
 def _replace_text(path: Path, text: str) -> None:

@@ -16,14 +16,18 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from vgrpo_platform.errors import CheckpointError, RecipeError
+from vgrpo_platform.errors import CheckpointError, RecipeError, RunFilesError
 from vgrpo_platform.parallel import sharded_state
 from vgrpo_platform.training.iteration.prompts import PromptSampler
+from vgrpo_platform.training.recovery import run_lock
 from vgrpo_platform.training.recovery.checkpoint import (
+    Checkpoint,
+    DamagedCheckpoint,
     latest_valid_checkpoint,
     list_checkpoints,
     save_checkpoint,
 )
+from vgrpo_platform.training.recovery.checkpoint_contents import Expect
 
 if TYPE_CHECKING:
     from vgrpo_platform.training.iteration.update import PolicyUpdate
@@ -108,6 +112,7 @@ class RunState:
     session: Session  # its trainable weights, by name
     update: PolicyUpdate  # the optimiser, its learning-rate schedule, the moving average
     loop: LoopState
+    total_iterations: int | None = None  # train.iterations: the last iteration a checkpoint may hold
 
     def save(self, iteration: int, elapsed: float, *, eval_pending: dict | None = None) -> Path | None:
         """Checkpoint ``iteration``; ``eval_pending``: its evaluation failed and is still to do."""
@@ -137,53 +142,104 @@ class RunState:
         return path
 
     def restore(self) -> Resumed:
-        """Load the newest complete checkpoint that fits this recipe (``--resume``)."""
-        update, average, trainable = self.update, self.update.average, self.session.trainable
+        """Load the newest usable checkpoint that fits this recipe (``--resume``): one whose files read,
+        whose contents check out (``checkpoint_contents.py``) and which loads into this run; newer damaged
+        ones are skipped with a warning naming the file and what is wrong."""
+        update, trainable = self.update, self.session.trainable
+        expect = Expect(
+            resume=True,
+            fingerprint=self.fingerprint,
+            shapes={k: tuple(p.shape) for k, p in trainable.items()},
+            param_shapes=[tuple(p.shape) for p in update.params],
+            total_iterations=self.total_iterations,
+        )
         ckpt = latest_valid_checkpoint(
-            self.run_dir, on_skip=lambda why: print(f"warning: {why}", file=sys.stderr)
+            self.run_dir,
+            on_skip=lambda why: print(f"warning: {why}", file=sys.stderr),
+            expect=expect,
+            use=self._load,
         )
         if ckpt is None:
             raise CheckpointError(
-                f"--resume found no complete checkpoint in {self.run_dir / 'checkpoints'}; "
-                "run without --resume"
+                f"--resume found no usable checkpoint in {self.run_dir / 'checkpoints'} (no complete "
+                "checkpoint, or only damaged ones: see the warnings); run without --resume, or name the "
+                "run anew with --set run.name=<new name>"
             )
-        if ckpt.state.get("fingerprint") != self.fingerprint:
-            raise CheckpointError(
-                f"checkpoint {ckpt.path} was written for a different model or LoRA setup than this recipe; "
-                "resume with the recipe that started the run, or choose another run.name"
-            )
-        expected = {k: tuple(p.shape) for k, p in trainable.items()}
-        found = {k: tuple(v.shape) for k, v in ckpt.weights.items()}
-        if expected != found:
-            raise CheckpointError(
-                f"checkpoint {ckpt.path} holds weights that do not fit this recipe's model; "
-                "resume with the recipe that started the run"
-            )
-        sharded_state.load_weights(trainable, ckpt.weights)
-        sharded_state.load_optimizer(update.optimizer, update.params, ckpt.optimizer["optimizer"])
-        update.lr_schedule.load_state_dict(ckpt.optimizer["lr_schedule"])
-        if average is not None:
-            if ckpt.averaged is None:  # EMA switched on for the rest of a run: it starts from here
-                print(
-                    f"warning: {ckpt.path} holds no moving average; it starts from the restored weights",
-                    file=sys.stderr,
-                )
-                average.load_full_state(ckpt.weights)
-            else:
-                average.load_full_state(ckpt.averaged)
-        self.loop.set_rng_state(ckpt.rng)
-        self.loop.prompts.load_state_dict(ckpt.state["prompt_sampler"])
         return Resumed(
             iteration=int(ckpt.state["iteration"]),
             elapsed=float(ckpt.state.get("elapsed_seconds", 0.0)),
             eval_pending=ckpt.state.get("eval_pending"),
         )
 
+    def _load(self, ckpt: Checkpoint) -> None:
+        """Put ``ckpt`` into the live run. Another model's checkpoint is an error; one that fails to load
+        is ``DamagedCheckpoint`` (the next older one then overwrites all that this one set)."""
+        if ckpt.state.get("fingerprint") != self.fingerprint:
+            raise CheckpointError(
+                f"checkpoint {ckpt.path} was written for a different model or LoRA setup than this recipe; "
+                "resume with the recipe that started the run, or choose another run.name"
+            )
+        update, average, trainable = self.update, self.update.average, self.session.trainable
+        try:
+            sharded_state.load_weights(trainable, ckpt.weights)
+            sharded_state.load_optimizer(update.optimizer, update.params, ckpt.optimizer["optimizer"])
+            update.lr_schedule.load_state_dict(ckpt.optimizer["lr_schedule"])
+            if average is not None:
+                if ckpt.averaged is None:  # EMA switched on for the rest of a run: it starts from here
+                    print(
+                        f"warning: {ckpt.path} holds no moving average; it starts from the restored weights",
+                        file=sys.stderr,
+                    )
+                    average.load_full_state(ckpt.weights)
+                else:
+                    average.load_full_state(ckpt.averaged)
+            self.loop.set_rng_state(ckpt.rng)
+            self.loop.prompts.load_state_dict(ckpt.state["prompt_sampler"])
+        except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as exc:
+            raise DamagedCheckpoint(
+                ckpt.path, f"does not load into this run ({type(exc).__name__}: {exc})"
+            ) from exc
 
-def check_run_dir(run_dir: Path, resume: bool) -> None:
-    """A new run never writes over another's checkpoints; ``--resume`` is the way to continue one."""
-    if not resume and list_checkpoints(run_dir):
+
+RECORDS = ("metrics.jsonl", "eval_stats.jsonl")  # a run's records: a new run would truncate them
+
+
+def check_run_dir(run_dir: Path, resume: bool, *, probe_lock: bool = True) -> bool:
+    """A new run never writes over another's records or checkpoints, nor into a directory a live run
+    holds (``run_lock.py``); ``--resume`` is the way to continue one. Returns whether the run resumes from
+    a checkpoint: ``--resume`` of a run that saved none (killed before its first checkpoint) starts it over,
+    replacing records that no checkpoint kept. ``probe_lock = False``: the other ranks of a run, whose main
+    process holds the lock."""
+    pid = run_lock.holder(run_dir) if probe_lock else None
+    if pid is not None:
+        raise RunFilesError(run_lock.in_use(run_dir, pid))
+    checkpoints = list_checkpoints(run_dir)
+    records = held_records(run_dir)
+    if not resume and (checkpoints or records):
+        held = ", ".join([*records, *(["checkpoints/"] if checkpoints else [])])
         raise RecipeError(
-            f"run directory {run_dir} already holds checkpoints; continue it with --resume, "
+            f"run directory {run_dir} already holds a run ({held}); continue it with --resume, "
             "or start a new run with --set run.name=<new name>"
         )
+    if resume and not checkpoints and records:
+        print(
+            f"warning: {run_dir} holds no checkpoint yet: --resume starts the run over from iteration 0, "
+            f"replacing {', '.join(records)}",
+            file=sys.stderr,
+        )
+        return False
+    return resume
+
+
+def held_records(run_dir: Path) -> list[str]:
+    """The names in ``RECORDS`` that ``run_dir`` holds with something in them (a run wrote there)."""
+    return [name for name in RECORDS if _holds_text(Path(run_dir) / name)]
+
+
+def _holds_text(path: Path) -> bool:
+    try:
+        return path.stat().st_size > 0
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # there, but unreadable: not ours to overwrite
