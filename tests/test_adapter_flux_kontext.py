@@ -156,7 +156,7 @@ def test_an_edit_prompt_set_runs_end_to_end_rollout_reward_eval_sample_report(mo
 
 
 def test_shipped_recipe_passes_check_and_sets_the_peers_kontext_settings() -> None:
-    registry = checks.registry_of(kontext_entry, surrogates_plugin, checks.reward_plugin_or_skip("vlm_judge"))
+    registry = checks.registry_of(kontext_entry, surrogates_plugin, checks.reward_plugin_or_skip("edit_clip"))
     resolved = resolve_recipe(RECIPE, registry=registry)
     r = resolved.recipe
     assert resolved.adapter.config.guidance == 2.5 and resolved.adapter.config.resolution == 512

@@ -133,7 +133,7 @@ def test_recipe_runs_two_iterations_on_an_edit_prompt_set(model_dir, tmp_path) -
 
 
 def test_shipped_recipe_passes_check() -> None:
-    registry = checks.registry_of(qwen_entry, surrogates_plugin, checks.reward_plugin_or_skip("vlm_judge"))
+    registry = checks.registry_of(qwen_entry, surrogates_plugin, checks.reward_plugin_or_skip("edit_clip"))
     resolved = resolve_recipe(RECIPE, registry=registry)
     assert resolved.recipe.adapter.name == "qwen_image_edit_plus"
     assert all(p.images for p in resolved.train_prompts)  # type: ignore[attr-defined]
