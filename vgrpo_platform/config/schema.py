@@ -152,6 +152,9 @@ class ScoringSection(Section):
         1, ge=0
     )  # worker deaths survived per run before the RewardError (train.on_fault)
     worker_threads: int | None = Field(None, ge=1)  # torch threads in the worker; None = torch's default
+    # seconds one batch may wait for the worker's scores before the worker counts as dead (killed, restarted
+    # under max_restarts); None = wait forever. "process" only: a thread cannot be stopped
+    timeout_s: float | None = Field(600.0, gt=0)
 
 
 class ParallelSection(Section):

@@ -1,0 +1,113 @@
+"""Faults of the processes around a run (issue 41): hangs that must time out, files a recipe must not
+reach, signals that must say what they were, weights that must not be unpickled unasked.
+
+Each test fails on the code before the fix it covers. Slow ones are marked ``slow``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import crashing_reward
+import pytest
+
+from vgrpo_platform.config.recipe import resolve_recipe
+from vgrpo_platform.errors import RewardError
+from vgrpo_platform.host.collect import collect_components
+from vgrpo_platform.host.manager import build_plugin_manager
+from vgrpo_platform.training.loop import Trainer
+from vgrpo_platform.training.observe.metrics import read_metrics, without_timing
+from vgrpo_platform.training.recovery.checkpoint import list_checkpoints
+
+ROOT = Path(__file__).resolve().parents[1]
+TOY = ROOT / "recipes" / "toy.toml"
+BASE = ("train.iterations=3", "eval.every=2", "log.checkpoint_every=0", "log.diagnostics_every=0")
+
+
+@pytest.fixture(scope="module")
+def registry():
+    return collect_components(build_plugin_manager(extra_plugins=[crashing_reward]))
+
+
+def toy(tmp_path: Path, name: str, *overrides: str, registry=None):
+    base = [f"run.output_dir={tmp_path.as_posix()!r}", f"run.name={name!r}", "log.progress='none'"]
+    return resolve_recipe(TOY, [*base, *BASE, *overrides], registry=registry)
+
+
+def comparable(run_dir: Path) -> list[dict]:
+    return [
+        r
+        for r in without_timing(read_metrics(run_dir / "metrics.jsonl"))
+        if r["kind"] != "reward_worker_restarted"
+    ]
+
+
+# ------------------------------------------------------------------ 8a: a paused reward worker times out
+def _reward(tmp_path: Path) -> list[str]:
+    return [
+        "rewards.0.name='crashing_brightness'",
+        f"rewards.0.options.die_file={(tmp_path / 'never').as_posix()!r}",
+    ]
+
+
+def test_a_paused_reward_worker_times_out_and_is_restarted_with_identical_metrics(tmp_path, registry):
+    """SIGSTOP on the worker (a paused process) used to freeze the collect for ever."""
+    reference = Trainer(toy(tmp_path, "ref", *_reward(tmp_path), registry=registry)).run()
+    worker = ["scoring.isolation='process'", "scoring.timeout_s=3"]
+    trainer = Trainer(toy(tmp_path, "paused", *_reward(tmp_path), *worker, registry=registry))
+    original, paused = trainer.iterate, []
+
+    def iterate(iteration: int):
+        if iteration == 2:
+            for process in trainer.scorer._pool._processes.values():
+                os.kill(process.pid, signal.SIGSTOP)
+                paused.append(process)
+        return original(iteration)
+
+    trainer.iterate = iterate
+    try:
+        run_dir = trainer.run()
+    finally:
+        for process in paused:  # never leave a stopped child behind, whatever happened
+            if process.is_alive():
+                process.kill()
+    assert paused and not any(p.is_alive() for p in paused)
+    restarts = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "reward_worker_restarted"]
+    assert len(restarts) == 1 and restarts[0]["iteration"] == 2
+    assert "scoring.timeout_s = 3 s at iteration 2" in restarts[0]["reason"]
+    assert comparable(run_dir) == comparable(reference)
+
+
+def test_a_worker_that_hangs_twice_stops_in_one_line_with_a_resumable_checkpoint(tmp_path, registry):
+    hang = tmp_path / "hang"
+    worker = [
+        *_reward(tmp_path),
+        f"rewards.0.options.hang_file={hang.as_posix()!r}",
+        "rewards.0.options.once=false",
+        "scoring.isolation='process'",
+        "scoring.timeout_s=2",
+        "scoring.max_restarts=1",
+    ]
+    trainer = Trainer(toy(tmp_path, "hangs", *worker, registry=registry))
+    original = trainer.iterate
+
+    def iterate(iteration: int):
+        if iteration == 3:
+            hang.touch()
+        return original(iteration)
+
+    trainer.iterate = iterate
+    with pytest.raises(RewardError) as info:
+        trainer.run()
+    message = str(info.value)
+    assert "\n" not in message
+    assert "did not answer within scoring.timeout_s = 2 s at iteration 3" in message
+    assert "checkpoint of iteration 2 saved" in message
+    assert [p.name for p in list_checkpoints(trainer.run_dir)] == ["iter_000002"]
+
+    hang.unlink()  # the reward answers again: --resume ends as a run that never hung
+    resumed = Trainer(toy(tmp_path, "hangs", *worker, registry=registry), resume=True).run()
+    reference = Trainer(toy(tmp_path, "ref", *_reward(tmp_path), registry=registry)).run()
+    assert comparable(resumed) == comparable(reference)
