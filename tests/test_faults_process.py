@@ -6,6 +6,7 @@ Each test fails on the code before the fix it covers. Slow ones are marked ``slo
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -111,3 +112,67 @@ def test_a_worker_that_hangs_twice_stops_in_one_line_with_a_resumable_checkpoint
     resumed = Trainer(toy(tmp_path, "hangs", *worker, registry=registry), resume=True).run()
     reference = Trainer(toy(tmp_path, "ref", *_reward(tmp_path), registry=registry)).run()
     assert comparable(resumed) == comparable(reference)
+
+
+# ------------------------------------------------------------------ 8b: a paused rank fails the others soon
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_paused_rank_fails_the_others_collectives_after_train_collective_timeout_s(tmp_path):
+    """Two gloo processes built as a run builds them: the recipe's timeout reaches the process group, and
+    rank 0's barrier ends in an error once rank 1 has been paused that long (torch's default: 30 min)."""
+    import subprocess
+    import sys
+
+    out, port = tmp_path / "report.json", _free_port()
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), env.get("PYTHONPATH", "")])
+    script = [sys.executable, str(ROOT / "tests" / "collective_timeout_cpu.py"), str(TOY), "3", str(out)]
+    ranks = [
+        subprocess.Popen(
+            script,
+            env={**env, "RANK": str(r), "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "2"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
+    try:
+        _, err = ranks[0].communicate(timeout=240)
+        assert ranks[0].returncode == 0, err
+    finally:
+        for proc in ranks:  # rank 1 is stopped: SIGKILL ends it
+            proc.kill()
+            proc.communicate()
+    report, rank1 = json.loads(out.read_text()), json.loads(out.with_suffix(".rank1.json").read_text())
+    assert report["processes"] == rank1["processes"] == 2
+    assert report["timeout_s"] == rank1["timeout_s"] == 3.0
+    # it returned at all, with gloo's timeout: the paused rank did not hold it for 30 minutes
+    assert "timed out" in report["barrier"].lower(), report["barrier"]
+
+
+def test_the_trainer_hands_train_collective_timeout_s_to_the_process_group(tmp_path, monkeypatch):
+    from vgrpo_platform.parallel import data_parallel as dp
+
+    seen = {}
+
+    class Built(Exception):
+        pass
+
+    def build_accelerator(device, mixed_precision, **kwargs):
+        seen.update(kwargs)
+        raise Built  # the wiring is what is checked: no model is loaded
+
+    monkeypatch.setattr(dp, "build_accelerator", build_accelerator)
+    with pytest.raises(Built):
+        Trainer(toy(tmp_path, "pg", "train.collective_timeout_s=42"))
+    assert seen["collective_timeout_s"] == 42.0
+    handlers = dp.process_group_kwargs(42.0)
+    assert [h.timeout.total_seconds() for h in handlers] == [42.0]
+    assert dp.process_group_kwargs(None) == []

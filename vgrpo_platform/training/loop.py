@@ -116,7 +116,9 @@ class Trainer:
         require(recipe.log.trackers)  # a missing tracker package stops here, before any model loads
         device = resolve_device(recipe.run.device)
         trackers = Tracking.accelerator_kwargs(recipe.log.trackers, self.run_dir)
-        self.accelerator = dp.build_accelerator(device, recipe.run.mixed_precision, **trackers)
+        self.accelerator = dp.build_accelerator(
+            device, recipe.run.mixed_precision, collective_timeout_s=t.collective_timeout_s, **trackers
+        )
         self.tracking = Tracking(self.accelerator, recipe.log.trackers, recipe.log.project, self.run_dir)
         self.device = self.accelerator.device
         # train.offload_rewards: reward models visit the device only while they score
