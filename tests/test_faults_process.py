@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import crashing_reward
@@ -81,6 +82,7 @@ def test_a_paused_reward_worker_times_out_and_is_restarted_with_identical_metric
     assert comparable(run_dir) == comparable(reference)
 
 
+@pytest.mark.slow
 def test_a_worker_that_hangs_twice_stops_in_one_line_with_a_resumable_checkpoint(tmp_path, registry):
     hang = tmp_path / "hang"
     worker = [
@@ -176,3 +178,66 @@ def test_the_trainer_hands_train_collective_timeout_s_to_the_process_group(tmp_p
     handlers = dp.process_group_kwargs(42.0)
     assert [h.timeout.total_seconds() for h in handlers] == [42.0]
     assert dp.process_group_kwargs(None) == []
+
+
+# ------------------------------------------------------------------ 11: signals say what they were
+def _cli(tmp_path: Path, *args: str) -> list[str]:
+    import sys
+
+    return [sys.executable, *args, "--set", f"run.output_dir={tmp_path.as_posix()!r}"]
+
+
+@pytest.mark.parametrize(
+    "when, what", [("reporting", "Ctrl-C"), ("exiting", "Ctrl-C"), ("sigterm", "SIGTERM")]
+)
+def test_a_second_quick_ctrl_c_still_exits_130_in_one_line(tmp_path, when, what):
+    """A second Ctrl-C while vgrpo reports the first one used to end the process killed by SIGINT (-2);
+    one while it exits, with a traceback. A stop by SIGTERM was reported as a Ctrl-C."""
+    import subprocess
+
+    script = str(ROOT / "tests" / "interrupt_cli.py")
+    done = subprocess.run(
+        [*_cli(tmp_path, script, when, str(TOY))], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.splitlines()[-1:] == [
+        f"error: interrupted ({what}); a run resumes from its last checkpoint with --resume"
+    ]
+    assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr, done.stderr
+
+
+@pytest.mark.slow
+def test_sigterm_saves_and_says_sigterm_not_ctrl_c(tmp_path):
+    """A scheduler's SIGTERM was reported as "interrupted (Ctrl-C)": the whole way, a real run."""
+    import subprocess
+
+    settings = [
+        "run.name='run'",
+        "train.iterations=200",
+        "eval.every=0",
+        "log.checkpoint_every=0",
+        "log.progress='plain'",
+    ]
+    cli = _cli(
+        tmp_path, "-m", "vgrpo_platform", "run", str(TOY), *[a for s in settings for a in ("--set", s)]
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(cli, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    try:
+        for _ in range(2400):  # up to two minutes for the first iteration's record
+            if metrics.exists() and '"kind": "train"' in metrics.read_text():
+                break
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert (
+        err.splitlines()[-1]
+        == "error: interrupted (SIGTERM); a run resumes from its last checkpoint with --resume"
+    )
+    assert "SIGTERM: saved iteration" in out + err
+    assert list_checkpoints(tmp_path / "run"), "SIGTERM saves a checkpoint"

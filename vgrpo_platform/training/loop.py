@@ -70,7 +70,7 @@ from vgrpo_platform.training.observe.summary import summarise
 from vgrpo_platform.training.observe.tracking import Tracking, require
 from vgrpo_platform.training.recovery import faults
 from vgrpo_platform.training.recovery.fault_policy import FaultPolicy
-from vgrpo_platform.training.recovery.interrupts import StopFlag
+from vgrpo_platform.training.recovery.interrupts import Interrupted, StopFlag
 from vgrpo_platform.training.recovery.run_state import LoopState, RunState, check_run_dir
 from vgrpo_platform.training.session import Session, build_session, fingerprint, resolve_device, run_dir_of
 
@@ -278,7 +278,7 @@ class Trainer:
                         progress.message(
                             f"{stop.signal_name}: saved iteration {iteration}; continue with --resume"
                         )
-                        raise KeyboardInterrupt
+                        raise Interrupted(stop.signal_name)
                     if alarm:
                         self._stopped_by_monitor(alarm, iteration, progress)
                         break
