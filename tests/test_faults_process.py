@@ -241,3 +241,72 @@ def test_sigterm_saves_and_says_sigterm_not_ctrl_c(tmp_path):
     )
     assert "SIGTERM: saved iteration" in out + err
     assert list_checkpoints(tmp_path / "run"), "SIGTERM saves a checkpoint"
+
+
+# ------------------------------------------------------------------ 10: a recipe's files stay in its folder
+def _recipe_folder(tmp_path: Path) -> tuple[Path, Path]:
+    """A recipe folder beside a private file outside it."""
+    folder, secret = tmp_path / "recipes", tmp_path / "private" / "secret.txt"
+    folder.mkdir()
+    secret.parent.mkdir()
+    secret.write_text("the contents of a file the recipe must not reach\n")
+    return folder, secret
+
+
+def test_a_prompt_file_symlinked_outside_the_recipes_folder_is_refused_in_one_line(tmp_path):
+    from vgrpo_platform.config.recipe import load_prompts
+    from vgrpo_platform.config.schema import PromptsSection
+    from vgrpo_platform.errors import RecipeError
+
+    folder, secret = _recipe_folder(tmp_path)
+    (folder / "prompts.txt").symlink_to(secret)
+    with pytest.raises(RecipeError) as info:
+        load_prompts(PromptsSection(train_file="prompts.txt"), folder)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("prompts.train_file 'prompts.txt': a symlink")
+    assert "prompts.allow_outside = true" in message
+    # the recipe may say it trusts the link
+    train, _ = load_prompts(PromptsSection(train_file="prompts.txt", allow_outside=True), folder)
+    assert train == ["the contents of a file the recipe must not reach"]
+
+
+def test_a_symlinked_folder_followed_by_dotdot_cannot_hide_where_a_prompt_file_lands(tmp_path):
+    from vgrpo_platform.config.recipe import load_prompts
+    from vgrpo_platform.config.schema import PromptsSection
+    from vgrpo_platform.errors import RecipeError
+
+    folder, secret = _recipe_folder(tmp_path)
+    deep = tmp_path / "private" / "a"
+    deep.mkdir()
+    (folder / "data").symlink_to(deep)  # data/.. is private/, not the recipe folder's parent
+    with pytest.raises(RecipeError, match="a symlink takes it outside"):
+        load_prompts(PromptsSection(eval_file="data/../secret.txt"), folder)
+
+
+def test_prompt_files_inside_the_folder_or_written_outside_it_are_still_read(tmp_path):
+    from vgrpo_platform.config.recipe import load_prompts
+    from vgrpo_platform.config.schema import PromptsSection
+
+    folder, secret = _recipe_folder(tmp_path)
+    (folder / "real.txt").write_text("inside\n")
+    (folder / "link.txt").symlink_to(folder / "real.txt")  # a link that stays inside
+    train, evals = load_prompts(
+        PromptsSection(train_file="link.txt", eval_file="../private/secret.txt"), folder
+    )
+    assert train == ["inside"]  # and a path written to leave the folder (as benchmarks/worlds do) is read
+    assert evals == ["the contents of a file the recipe must not reach"]
+
+
+def test_vgrpo_check_refuses_the_symlinked_prompt_file_with_exit_2(tmp_path):
+    from typer.testing import CliRunner
+
+    from vgrpo_platform.cli.app import app
+
+    folder, secret = _recipe_folder(tmp_path)
+    recipe = folder / "toy.toml"
+    recipe.write_text(TOY.read_text())
+    (folder / "prompts.txt").symlink_to(secret)
+    result = CliRunner().invoke(app, ["check", str(recipe), "--set", "prompts.train_file='prompts.txt'"])
+    assert result.exit_code == 2
+    [line] = result.stderr.splitlines()
+    assert "prompts.train_file 'prompts.txt': a symlink takes it outside the recipe's folder" in line

@@ -42,6 +42,8 @@ class PromptsSection(Section):
     eval: list[str] = Field(default_factory=list)  # held-out prompts; empty = first train prompts
     eval_file: str | None = None
     shuffle: bool = True
+    # follow a prompt file's symlinks out of the recipe's folder (refused by default: config.recipe.confined)
+    allow_outside: bool = False
 
 
 class RolloutSection(Section):
