@@ -310,3 +310,70 @@ def test_vgrpo_check_refuses_the_symlinked_prompt_file_with_exit_2(tmp_path):
     assert result.exit_code == 2
     [line] = result.stderr.splitlines()
     assert "prompts.train_file 'prompts.txt': a symlink takes it outside the recipe's folder" in line
+
+
+# ------------------------------------------------------------------ 11: pickles need the recipe's trust
+class _Poisoned:
+    """Unpickling it calls a function: what a hostile .bin does (here a harmless one)."""
+
+    def __reduce__(self):
+        return (os.getcwd, ())
+
+
+def _toy_with_pickled_transformer(tmp_path: Path, poisoned: bool) -> Path:
+    """A toy model folder whose transformer weights are a pickle ``.bin`` instead of safetensors."""
+    import pickle
+
+    import torch
+    from safetensors.torch import load_file
+
+    from vgrpo_platform.host.collect import default_registry
+    from vgrpo_platform.protocols import BuildContext
+
+    spec = default_registry().get("adapter", "toy")
+    spec.factory(spec.config(), BuildContext(device=torch.device("cpu"), seed=0, run_dir=tmp_path))
+    transformer = tmp_path / "toy_model" / "transformer"
+    [weights] = transformer.glob("*.safetensors")
+    target = transformer / "diffusion_pytorch_model.bin"
+    if poisoned:
+        target.write_bytes(pickle.dumps(_Poisoned()))
+    else:
+        torch.save(load_file(weights), target)
+    weights.unlink()
+    return tmp_path / "toy_model"
+
+
+def _load_toy(folder: Path, **options):
+    import torch
+
+    from vgrpo_platform.host.collect import default_registry
+    from vgrpo_platform.protocols import BuildContext
+
+    spec = default_registry().get("adapter", "toy")
+    context = BuildContext(device=torch.device("cpu"), seed=0)
+    return spec.factory(spec.config(model_path=str(folder), **options), context)
+
+
+@pytest.mark.parametrize("poisoned", [False, True])
+def test_pickle_weights_in_a_model_folder_are_refused_in_one_line_naming_the_file(tmp_path, poisoned):
+    from vgrpo_platform.errors import VgrpoError
+
+    folder = _toy_with_pickled_transformer(tmp_path, poisoned)
+    with pytest.raises(VgrpoError) as info:  # a poisoned pickle used to end in an UnpicklingError traceback
+        _load_toy(folder)
+    message = str(info.value)
+    assert "\n" not in message
+    assert f"'{folder / 'transformer' / 'diffusion_pytorch_model.bin'}' holds pickle weights" in message
+    assert (
+        "convert them to safetensors" in message and "adapter.options.allow_pickle_weights = true" in message
+    )
+
+
+def test_allow_pickle_weights_loads_a_trusted_pickle(tmp_path):
+    import torch
+
+    folder = _toy_with_pickled_transformer(tmp_path, poisoned=False)
+    adapter = _load_toy(folder, allow_pickle_weights=True)
+    expected = torch.load(folder / "transformer" / "diffusion_pytorch_model.bin", weights_only=True)
+    got = adapter.denoiser.state_dict()
+    assert expected and all(torch.equal(got[k], v) for k, v in expected.items())
