@@ -127,8 +127,10 @@ class TrainSection(Section):
     max_consecutive_skips: int = Field(3, ge=1)  # "skip" still stops after this many faults in a row
     offload_rewards: bool = False  # reward models in host memory except while scoring: frees their GPU memory
     # seconds a collective (gather, barrier, gradient all-reduce) waits for every process before it fails:
-    # a paused or hung rank stops the others after this long, not torch's 30 minutes; None = torch's default
-    collective_timeout_s: float | None = Field(600.0, gt=0)
+    # a paused or hung rank stops the others after this long, not gloo's 30 minutes; longer than
+    # scoring.timeout_s plus a worker's restart, so a rank replacing a hung reward worker is waited for;
+    # None = torch's default
+    collective_timeout_s: float | None = Field(900.0, gt=0)
     data_anchor: DataAnchorSection = Field(default_factory=DataAnchorSection)
 
     @field_validator("attention_backend")
