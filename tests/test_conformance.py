@@ -156,6 +156,14 @@ def _tiny_hunyuan_video15(folder: Path) -> dict[str, Any]:
     return {"model": str(folder), "resolution": HY_SIDE, "num_frames": HY_FRAMES, "max_sequence_length": 64}
 
 
+def _tiny_zimage(folder: Path) -> dict[str, Any]:
+    from tiny_pipelines import RESOLUTION
+    from tiny_zimage import ZIMAGE_TOKENS, build_tiny_zimage
+
+    build_tiny_zimage(folder)
+    return {"model": str(folder), "resolution": RESOLUTION, "max_sequence_length": ZIMAGE_TOKENS}
+
+
 def _image_samples() -> dict[str, Any]:
     return {"samples": Samples("image", torch.rand(4, 3, 8, 8, generator=torch.Generator().manual_seed(0)))}
 
@@ -198,6 +206,7 @@ TINY: dict[tuple[str, str], tuple[Any, Any]] = {
         ),
         {},
     ),
+    ("adapter", "zimage"): (_tiny_zimage, {}),
     ("reward", "brightness"): ({}, {}),
     ("reward", "target_color"): ({}, {}),
     ("reward", "shapes"): ({}, {"prompts": SHAPES_PROMPTS * 2}),
