@@ -164,6 +164,14 @@ def _tiny_zimage(folder: Path) -> dict[str, Any]:
     return {"model": str(folder), "resolution": RESOLUTION, "max_sequence_length": ZIMAGE_TOKENS}
 
 
+def _tiny_ltx2(folder: Path) -> dict[str, Any]:
+    import tiny_ltx2 as tl
+
+    tl.build_tiny_ltx2(folder)
+    sizes = {"resolution": tl.LTX2_SIDE, "num_frames": tl.LTX2_FRAMES, "fps": tl.LTX2_FPS}
+    return {"model": str(folder), **sizes, "max_sequence_length": tl.LTX2_TOKENS}
+
+
 def _image_samples() -> dict[str, Any]:
     return {"samples": Samples("image", torch.rand(4, 3, 8, 8, generator=torch.Generator().manual_seed(0)))}
 
@@ -207,6 +215,7 @@ TINY: dict[tuple[str, str], tuple[Any, Any]] = {
         {},
     ),
     ("adapter", "zimage"): (_tiny_zimage, {}),
+    ("adapter", "ltx2"): (_tiny_ltx2, {}),
     ("reward", "brightness"): ({}, {}),
     ("reward", "target_color"): ({}, {}),
     ("reward", "shapes"): ({}, {"prompts": SHAPES_PROMPTS * 2}),
