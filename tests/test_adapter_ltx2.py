@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -43,6 +44,7 @@ from vgrpo_platform.algo.surrogates import entry as surrogates_plugin
 from vgrpo_platform.config.recipe import resolve_recipe
 from vgrpo_platform.errors import RecipeError
 from vgrpo_platform.protocols import BuildContext, SamplerSpec, Samples
+from vgrpo_platform.testing.adapter_kit import check_samples
 from vgrpo_platform.training.iteration.scoring import WeightedReward, score_all
 from vgrpo_platform.training.loop import Trainer
 
@@ -257,6 +259,9 @@ def test_audio_rewards_score_the_soundtrack_and_video_rewards_the_frames(adapter
     joined = Samples.concat([samples.select(slice(0, 1)), samples.select(slice(1, 3))])
     assert torch.equal(joined.audio, samples.audio) and torch.equal(joined.data, samples.data)
     assert Samples("image", samples.data[:, 0]).for_modalities({"audio"}) is None
+    check_samples(samples, batch=3)  # the conformance kit checks the soundtrack too
+    with pytest.raises(AssertionError, match="audio must be finite and lie in"):
+        check_samples(replace(samples, audio=samples.audio * 0 + 2))
 
 
 def test_check_accepts_audio_and_video_rewards_and_refuses_others() -> None:
