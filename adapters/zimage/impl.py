@@ -58,8 +58,11 @@ class ZImageAdapter(TrueCFGMixin, DiffusersImageAdapter):
     def _encode(self, prompts: list[str]) -> Conditioning:
         """``prompt_embeds`` ``[B, max_sequence_length, D]`` zero-padded and ``prompt_mask`` ``[B, S]``
         (1 on each prompt's own tokens, the chat template's included)."""
-        rows = self.pipe._encode_prompt(  # a copy: the pipeline writes the templated prompts into its list
-            list(prompts), device=self.device, max_sequence_length=self.max_sequence_length
+        rows, _ = self.pipe.encode_prompt(  # a copy: the pipeline writes the templated prompts into its list
+            list(prompts),
+            device=self.device,
+            do_classifier_free_guidance=False,
+            max_sequence_length=self.max_sequence_length,
         )
         embeds = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)  # [B, longest, D]
         lengths = torch.tensor([len(r) for r in rows], device=embeds.device)
