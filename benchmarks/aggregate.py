@@ -111,10 +111,33 @@ def first_held(evals: list[dict[str, Any]], metric: str, target: float) -> dict[
     return next((evals[i] for i in range(len(evals) - 1) if above[i] and above[i + 1]), None)
 
 
+def run_target(
+    records: list[dict[str, Any]], metric: str, delta: float | None, absolute: float | None
+) -> float | None:
+    """The target of one run: ``absolute``, or its own base value (iteration 0) plus ``delta``."""
+    if absolute is not None:
+        return absolute
+    first = next((r for r in records if r.get("kind") == "eval"), None)
+    if delta is None or first is None or metric not in first:
+        return None
+    return first[metric] + delta
+
+
+def needs_extension(
+    records: list[dict[str, Any]], metric: str, delta: float | None, absolute: float | None
+) -> bool:
+    """A finished baseline seed runs on (``--extend``) when it has a target and did not hold it."""
+    target = run_target(records, metric, delta, absolute)
+    if target is None:
+        return False
+    return first_held([r for r in records if r.get("kind") == "eval"], metric, target) is None
+
+
 def across_seeds(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
     """``{figure: {"mean", "ci95", "n"}}`` over seeds, plus ``reached`` = seeds that hit the target."""
     out: dict[str, Any] = {"reached": sum(bool(s.get("reached")) for s in per_seed), "n": len(per_seed)}
-    keys = [k for k in (per_seed[0] if per_seed else {}) if k not in ("curve", "reached", "seed")]
+    skip = ("curve", "reached", "seed", "extended")
+    keys = [k for k in (per_seed[0] if per_seed else {}) if k not in skip]
     for key in keys:
         values = [s[key] for s in per_seed]
         if key in TO_TARGET and any(v is None for v in values):

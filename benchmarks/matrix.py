@@ -8,17 +8,21 @@ but no marker through the trainer's ``--resume`` path (``Trainer(resolved, resum
 the others. A run that stops on a training fault (for example a non-finite loss at a too high rate)
 is marked ``failed`` and scores ``-inf`` in the sweep; Ctrl-C leaves it resumable.
 
-Two phases. The sweep runs every learning rate on the sweep seeds with the short budget and picks
-each method's rate by ``aggregate.selection_score`` (mean held-out reward of the last two
-evaluations), averaged over the sweep seeds; ties go to the smaller rate. The seeds phase runs the
-chosen rate on every seed with the full budget. Cells with the same method, rate, budget and seed are
-the same directory, so a sweep cell is reused when the two budgets agree.
+Two phases, and a third on request. The sweep runs every learning rate on the sweep seeds with the
+short budget and picks each method's rate by ``aggregate.selection_score`` (mean held-out reward of
+the last two evaluations), averaged over the sweep seeds; ties go to the smaller rate. The seeds phase
+runs the chosen rate on every seed with the full budget. Cells with the same method, rate, budget and seed are
+the same directory, so a sweep cell is reused when the two budgets agree (in a world with a validation
+split the sweep's cells evaluate other prompts and live under ``OUT/sweep``, so nothing is shared). The
+extension (``--extend``) runs a baseline's seed that did not hold the target on to a larger budget, in a
+cell of its own that starts from the seed's last checkpoint (``start_from``).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -40,11 +44,11 @@ class Cell:
     seed: int
     iterations: int
     overrides: tuple[str, ...]
+    root: str = "runs"  # the folder under OUT: a world with a validation split keeps its sweep apart
 
     def directory(self, out: Path) -> Path:
-        return (
-            out / "runs" / slug(self.method) / f"lr{self.lr:g}" / f"it{self.iterations}" / f"seed{self.seed}"
-        )
+        where = out / self.root / slug(self.method)
+        return where / f"lr{self.lr:g}" / f"it{self.iterations}" / f"seed{self.seed}"
 
     def settings(self, common: Sequence[str]) -> list[str]:
         """The recipe overrides that define the run: the shared settings, then the cell's own."""
@@ -151,6 +155,22 @@ def run_cell(
     }
     (run_dir / MARKER).write_text(json.dumps(marker, indent=1))
     return result
+
+
+def start_from(base: Cell, cell: Cell, out: Path) -> bool:
+    """Let ``cell`` (``base`` with a larger budget) go on from ``base``'s run instead of from scratch: copy
+    ``base``'s run directory (checkpoints, log, recipe; not its marker or records) into ``cell``'s, so
+    the trainer's ``--resume`` continues from its last checkpoint with ``train.iterations`` raised (a
+    change ``recipe_changes.SAFE_ON_RESUME`` allows under a constant rate). Does nothing, and says so,
+    when ``cell`` has begun already or ``base`` kept no checkpoint (a fresh clone): then ``cell`` runs
+    from iteration 0, which the trainer's exact resume makes the same run."""
+    from vgrpo_platform.training.recovery.checkpoint import list_checkpoints
+
+    source, target = base.directory(out), cell.directory(out)
+    if target.exists() or not list_checkpoints(source):
+        return False
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns(MARKER, records.RECORDS))
+    return True
 
 
 def read_cell(cell: Cell, out: Path) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:

@@ -2,9 +2,11 @@
 
 A run's ``metrics.jsonl`` logs ~45 numbers per iteration; the benchmark's figures (``aggregate.py``)
 read a dozen of them. Committing the whole log made the results 15 MB, so a finished cell keeps
-``records.json``: the kept fields, one column per line (values exactly as logged, ``null`` where a
-record lacks the field), and the order of the records' kinds, from which the records are rebuilt as
-``aggregate`` would have read them from the log. The full log stays beside it, out of git.
+``records.json``: the kept fields, one column per line (values as logged, ``null`` where a record
+lacks the field, the per-stage seconds rounded to the millisecond: printed to 18 digits they were
+most of a cell's record, and no table shows them finer than a second), and the order of the
+records' kinds, from which the records are rebuilt as ``aggregate`` would have read them from the
+log. The full log stays beside it, out of git.
 """
 
 from __future__ import annotations
@@ -23,6 +25,13 @@ KINDS = {"eval": "e", "train": "t"}
 TRAIN_FIELDS = ("iteration", "gradient_steps", *TIMES, *DIAGNOSTICS)
 EVAL_FIELDS = ("iteration", "reward")
 EVAL_PREFIX = "detail/"
+SECONDS_DIGITS = 3  # the TIMES columns are kept to the millisecond
+
+
+def _kept(field: str, value: Any) -> Any:
+    if field in TIMES and isinstance(value, float):
+        return round(value, SECONDS_DIGITS)
+    return value
 
 
 def _fields(kind: str, rows: list[dict[str, Any]]) -> list[str]:
@@ -39,7 +48,7 @@ def compact(records: list[dict[str, Any]]) -> dict[str, Any]:
     for kind in KINDS:
         rows = [r for r in kept if r["kind"] == kind]
         for field in _fields(kind, rows):
-            out[f"{kind}:{field}"] = [r.get(field) for r in rows]
+            out[f"{kind}:{field}"] = [_kept(field, r.get(field)) for r in rows]
     return out
 
 

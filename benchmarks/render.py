@@ -41,6 +41,11 @@ def _pm(entry: dict[str, Any], key: str, spec: str = ".3f") -> str:
     return fmt(mean, spec) + (f" ± {fmt(half, spec)}" if half is not None else "")
 
 
+def _prompt_file(override: str) -> str:
+    """``prompts.eval_file='../../recipes/prompts/x.txt'`` -> ``recipes/prompts/x.txt``."""
+    return override.split("=", 1)[1].strip("'\"").removeprefix("../../")
+
+
 def table_rows(block: dict[str, Any]) -> list[tuple[str, float | None, dict[str, Any]]]:
     """``(label, rate, across-seeds figures)`` of the methods (or ablations) block of a summary."""
     rows = []
@@ -97,6 +102,8 @@ def print_summary(summary: dict[str, Any]) -> None:
     print_table(title, table_rows(summary["methods"]), detail)
     if summary.get("ablations"):
         print_table("V-GRPO ablations (at V-GRPO's rate)", table_rows(summary["ablations"]), detail)
+    for line in extension_lines(summary):
+        print(line)
     judged = verdicts.verdicts(summary)
     if judged:
         print("\nThe paper's claims (rule: benchmarks/verdicts.py)")
@@ -122,6 +129,12 @@ def markdown(summary: dict[str, Any], source: str, curves: str | None = None) ->
         " to it counts up to the first of the two. Values are means over seeds ± the half-width of a 95%"
         " t-interval.",
     ]
+    if settings.get("sweep_eval"):  # a world with a validation split (protocol.WORLD_EVAL_FILES)
+        sweep, seeds = (_prompt_file(settings[k][0]) for k in ("sweep_eval", "seeds_eval"))
+        lines[-1] += (
+            f" The sweep's cells evaluate `{sweep}`, every other cell `{seeds}`: the rates are chosen on"
+            " prompts that no figure below reports."
+        )
     if len(settings["lrs"]) > 1:
         lines += ["", f"**Learning-rate sweep** ({summary['selection_rule']}; the chosen rate in bold):", ""]
         lines.append("| method | " + " | ".join(f"lr {lr:g}" for lr in settings["lrs"]) + " |")
@@ -158,6 +171,7 @@ def markdown(summary: dict[str, Any], source: str, curves: str | None = None) ->
                 f"{_pm(s, 'nfe_to_target', '.3g')} | {_pm(s, 'wall_to_target', '.0f')} | "
                 f"{_pm(s, 'time_train', '.0f')} |"
             )
+    lines += extension_lines(summary)
     judged = verdicts.verdicts(summary)
     if judged:
         lines += [
@@ -172,6 +186,35 @@ def markdown(summary: dict[str, Any], source: str, curves: str | None = None) ->
     if curves is not None:
         lines += ["", f"![held-out reward and {short or 'reward'} against NFE]({curves})"]
     return "\n".join(lines) + "\n"
+
+
+def extension_lines(summary: dict[str, Any]) -> list[str]:
+    """The extended seeds (``--extend``), per method: how many of them held the target in the longer run,
+    and where; nothing when no seed was extended."""
+    rows = []
+    for label, entry in summary["methods"].items():
+        longer = [s for s in entry.get("seeds", []) if s.get("extended")]
+        if not longer:
+            continue
+        where = ", ".join(
+            f"seed {s['seed']}: "
+            + (f"iteration {s['extended']['iterations_to_target']}" if s["extended"]["reached"] else "not")
+            for s in longer
+        )
+        held = sum(bool(s["extended"]["reached"]) for s in longer)
+        budget = longer[0]["extended"]["budget"]
+        rows.append(f"| {label} | {len(longer)} | {budget} | {held}/{len(longer)} | {where} |")
+    if not rows:
+        return []
+    return [
+        "",
+        "**Extended seeds** (`--extend`: a baseline seed that had not held the target ran on from its last "
+        "checkpoint; the ratio verdicts read these runs):",
+        "",
+        "| method | seeds extended | to iterations | held the target | where |",
+        "|---|---|---|---|---|",
+        *rows,
+    ]
 
 
 def write_doc(doc: Path, block: str, begin: str = DOC_BEGIN, end: str = DOC_END) -> None:

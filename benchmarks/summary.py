@@ -11,8 +11,11 @@ from typing import Any
 
 from benchmarks import aggregate, matrix, nfe
 from benchmarks.matrix import Cell
-from benchmarks.phases import Groups, Plan
+from benchmarks.phases import Groups, Plan, extension_budget
 from benchmarks.protocol import ROOT, SELECTION_RULE
+
+# what an extended seed's run adds to its figures: how far it went and its cost to the target there
+EXTENDED = ("reached", *aggregate.TO_TARGET, "iterations", "gradient_steps", "nfe", "wall")
 
 
 def summarise(
@@ -21,15 +24,19 @@ def summarise(
     sweeps: dict[str, list[dict[str, Any]]],
     finals: Groups,
     ablations: Groups,
+    extended: dict[str, dict[int, Cell]] | None = None,
 ) -> dict[str, Any]:
     """The summary: settings, each block's per-seed figures and their means, the target, the commits."""
     args = plan.args
+    rule_text = SELECTION_RULE
+    if plan.sweep_eval:
+        rule_text = rule_text.replace("held-out reward", "validation-prompt reward")
     summary: dict[str, Any] = {
         "recipe": shown(plan.recipe),
         "world": None if args.recipe else args.world,
         "commit": plan.commit,
         "settings": settings(plan),
-        "selection_rule": SELECTION_RULE,
+        "selection_rule": rule_text,
         "detail": plan.detail,
         "methods": {},
         "ablations": {},
@@ -43,7 +50,8 @@ def summarise(
     commits: set[str] = set()
     for label, cells in finals.items():
         head = {"chosen_lr": chosen[label], "sweep": sweeps.get(label, [])}
-        summary["methods"][label] = {**head, **_entry(plan, cells, target, commits)}
+        more = (extended or {}).get(label, {})
+        summary["methods"][label] = {**head, **_entry(plan, cells, target, commits, more)}
     for label, cells in ablations.items():
         summary["ablations"][label] = {"lr": chosen["vgrpo"], **_entry(plan, cells, target, commits)}
     for method, lr in chosen.items():
@@ -67,14 +75,27 @@ def settings(plan: Plan) -> dict[str, Any]:
         "eval_every": args.eval_every,
         "eval_prompts": args.eval_prompts,
         "overrides": plan.common,
+        **({"grids": plan.grids} if any(g != plan.lrs for g in plan.grids.values()) else {}),
+        **(
+            {"sweep_eval": list(plan.sweep_eval), "seeds_eval": list(plan.seeds_eval)}
+            if plan.sweep_eval
+            else {}
+        ),
+        **({"extend_to": extension_budget(plan)} if getattr(args, "extend", False) else {}),
     }
 
 
-def _entry(plan: Plan, cells: list[Cell], target: dict[str, Any], commits: set[str]) -> dict[str, Any]:
+def _entry(
+    plan: Plan,
+    cells: list[Cell],
+    target: dict[str, Any],
+    commits: set[str],
+    extended: dict[int, Cell] | None = None,
+) -> dict[str, Any]:
     """One method's (or ablation's) seeds: their figures, the seeds that failed, the means over seeds.
-    Notes each cell's commit in ``commits``; the first run's own target becomes ``target["value"]``."""
-    from vgrpo_platform.config.recipe import resolve_recipe
-
+    Notes each cell's commit in ``commits``; the first run's own target becomes ``target["value"]``.
+    A seed with a finished cell in ``extended`` (``--extend``) also gets ``extended``: the ``EXTENDED``
+    figures of that longer run, against the same target; its other figures stay the budget's."""
     per_seed, failed = [], []
     for cell in cells:
         marker, records = matrix.read_cell(cell, plan.out)
@@ -83,32 +104,33 @@ def _entry(plan: Plan, cells: list[Cell], target: dict[str, Any], commits: set[s
         if not records:
             failed.append(cell.seed)
             continue
-        resolved = resolve_recipe(plan.recipe, cell.recipe_overrides(plan.common, plan.out))
-        reach = run_target(records, plan.metric, plan.delta, plan.args.target)
+        reach = aggregate.run_target(records, plan.metric, plan.delta, plan.args.target)
         if target["value"] is None:
             target["value"] = reach
-        figures = aggregate.seed_figures(
-            records,
-            nfe.cumulative_nfe(resolved, cell.iterations),
-            detail=plan.detail,
-            target_metric=plan.metric,
-            target=reach,
-        )
+        figures = _figures(plan, cell, records, reach)
+        longer = (extended or {}).get(cell.seed)
+        more = matrix.read_cell(longer, plan.out) if longer is not None else (None, [])
+        if more[0] is not None:
+            commits.add(more[0]["commit"])
+        if more[1] and longer is not None:
+            ext = _figures(plan, longer, more[1], reach)
+            figures["extended"] = {"budget": longer.iterations, **{k: ext[k] for k in EXTENDED}}
         per_seed.append({"seed": cell.seed, **figures})
     means = aggregate.across_seeds(per_seed) if per_seed else None
     return {"seeds": per_seed, "failed_seeds": failed, "summary": means}
 
 
-def run_target(
-    records: list[dict[str, Any]], metric: str, delta: float | None, absolute: float | None
-) -> float | None:
-    """The target of one run: ``absolute``, or its own base value (iteration 0) plus ``delta``."""
-    if absolute is not None:
-        return absolute
-    first = next((r for r in records if r.get("kind") == "eval"), None)
-    if delta is None or first is None or metric not in first:
-        return None
-    return first[metric] + delta
+def _figures(plan: Plan, cell: Cell, records: list[dict[str, Any]], reach: float | None) -> dict[str, Any]:
+    from vgrpo_platform.config.recipe import resolve_recipe
+
+    resolved = resolve_recipe(plan.recipe, cell.recipe_overrides(plan.common, plan.out))
+    return aggregate.seed_figures(
+        records,
+        nfe.cumulative_nfe(resolved, cell.iterations),
+        detail=plan.detail,
+        target_metric=plan.metric,
+        target=reach,
+    )
 
 
 def rule(absolute: float | None, delta: float | None) -> str:

@@ -12,10 +12,11 @@ over seeds:
   A may still be cheaper by less); **cheaper, factor below k** when ``1 < lo < k <= hi`` (A is
   cheaper, by at least ``lo``, but k is not shown); undecided otherwise. A seed of B that never
   reached the target counts with its whole budget, a lower bound of its cost, so ``hi`` is then
-  unbounded and only ``lo`` can confirm. A seed of A that never reached it leaves the claim undecided
-  unless no seed of A and every seed of B reached it (refuted). (Until 2026-12-06 ``lo > 1`` and
-  ``hi >= k`` confirmed, so an unbounded ``hi`` confirmed any k.) "Reached" is the aggregate's rule:
-  the target held at two consecutive evaluations (``aggregate.first_held``).
+  unbounded and only ``lo`` can confirm; a seed run on by ``--extend`` counts with its extended run
+  (its cost there, or that longer budget as the bound). A seed of A that never reached it leaves the
+  claim undecided unless no seed of A and every seed of B reached it (refuted). (Until 2026-12-06
+  ``lo > 1`` and ``hi >= k`` confirmed, so an unbounded ``hi`` confirmed any k.) "Reached" is the
+  aggregate's rule: the target held at two consecutive evaluations (``aggregate.first_held``).
 - **Difference claims** (A ends higher than B, or A's diagnostic is lower): the interval of the
   difference in the claimed direction: confirmed above 0, refuted below 0, undecided across it.
 - **Marginal claims** (A's gain over B is small): the interval of A - B: confirmed inside
@@ -129,6 +130,11 @@ CLAIMS: tuple[Claim, ...] = (
             "diffusion_nft",
             "awm",
             "awm_authors",
+            "flow_grpo_cps",  # the 2026 methods (shapes_v2 only): judged where they ran
+            "grpo_guard",
+            "flow_dppo",
+            "diffusion_dpo",
+            "dgpo",
         )
     ),
 )
@@ -180,7 +186,14 @@ def judge(claim: Claim, summary: dict[str, Any]) -> dict[str, Any]:
     return {**out, "verdict": verdict, "detail": interval}
 
 
+def _longest(seed: dict[str, Any]) -> dict[str, Any]:
+    """A seed's figures with those of its extended run (``--extend``) where it has one: its cost to the
+    target as measured over the longer budget, or that whole budget as the bound."""
+    return {**seed, **seed["extended"]} if seed.get("extended") else seed
+
+
 def _ratio(claim: Claim, a_seeds: list[dict[str, Any]], b_seeds: list[dict[str, Any]]) -> dict[str, Any]:
+    a_seeds, b_seeds = [_longest(s) for s in a_seeds], [_longest(s) for s in b_seeds]
     a_hit = [s for s in a_seeds if s.get(claim.figure) is not None]
     b_hit = [s for s in b_seeds if s.get(claim.figure) is not None]
     if len(a_seeds) < 2 or len(b_seeds) < 2:

@@ -193,6 +193,22 @@ class ClipBundle:
         txt = F.normalize(torch.cat(txt_out), dim=-1) if prompts is not None else None  # [B, D]
         return img, txt
 
+    @torch.no_grad()
+    def embed_texts(self, texts: Sequence[str], device: torch.device) -> torch.Tensor:
+        """Unit-norm text embeddings ``[N, D]``, float32, of ``texts`` alone."""
+        if next(self.model.parameters()).device != device:
+            self.model.to(device)
+        out = []
+        for sl in batches(len(texts), self.batch_size):
+            tok = self.tokenizer(
+                list(texts[sl]), padding=True, truncation=True, max_length=77, return_tensors="pt"
+            ).to(device)
+            txt = self.model.get_text_features(
+                input_ids=tok["input_ids"], attention_mask=tok["attention_mask"]
+            )
+            out.append(features(txt).float())
+        return F.normalize(torch.cat(out), dim=-1)
+
 
 def load_clip(
     model: str, processor: str | None, dtype: str | None, batch_size: int, context: Any, what: str, fix: str

@@ -157,6 +157,20 @@ def test_a_cells_records_are_the_logs_figure_fields_in_its_order(tmp_path):
     assert aggregate.selection_score(records.load(tmp_path)) == aggregate.selection_score(log)
 
 
+def test_a_cells_records_keep_seconds_to_the_millisecond_and_every_other_value_as_logged(tmp_path):
+    log = [
+        {"kind": "eval", "iteration": 0, "reward": 0.123456789012, "detail/x": 0.987654321098},
+        {"kind": "train", "iteration": 1, "gradient_steps": 1, "time_rollout": 0.9286620345858616},
+        {"kind": "train", "iteration": 2, "time_train": 2.0004999, "diag/cv": 0.1234567891},
+    ]
+    (tmp_path / records.LOG).write_text("".join(json.dumps(r) + "\n" for r in log))
+    records.write(tmp_path)
+    kept = records.load(tmp_path)
+    assert kept[0] == log[0] and kept[2]["diag/cv"] == log[2]["diag/cv"]  # figures as logged
+    assert (kept[1]["time_rollout"], kept[2]["time_train"]) == (0.929, 2.0)
+    assert "0.9286620345858616" not in (tmp_path / records.RECORDS).read_text()
+
+
 def test_t_intervals_match_the_tables_and_the_selection_rule_is_the_last_two_evaluations():
     mean, half = aggregate.t_interval([1.0, 2.0, 3.0])
     assert mean == 2.0 and half == pytest.approx(4.302653 / math.sqrt(3), rel=1e-6)  # t_{0.975, 2}
@@ -248,6 +262,14 @@ def test_a_run_that_crosses_the_target_and_falls_back_has_not_reached_it():
         ("flow_grpo_fast", 1),
         ("diffusion_nft", 2),
         ("awm_authors", 1),
+        ("tree_grpo", 1),
+        ("branch_grpo", 2),
+        ("dense_grpo", 1),
+        ("flow_grpo_cps", 1),
+        ("grpo_guard", 2),
+        ("flow_dppo", 1),
+        ("diffusion_dpo", 1),
+        ("dgpo", 2),
     ],
 )
 def test_nfe_per_iteration_counts_the_forwards_a_real_iteration_makes(tmp_path, method, gradient_steps):

@@ -172,8 +172,35 @@ def _tiny_ltx2(folder: Path) -> dict[str, Any]:
     return {"model": str(folder), **sizes, "max_sequence_length": tl.LTX2_TOKENS}
 
 
-def _image_samples() -> dict[str, Any]:
-    return {"samples": Samples("image", torch.rand(4, 3, 8, 8, generator=torch.Generator().manual_seed(0)))}
+def _tiny_geneval(folder: Path) -> dict[str, Any]:
+    """GenEval with a tiny random Mask2Former, every detection kept, partial credit, the pixel colour rule."""
+    from tiny_detectors import save_mask2former
+
+    return {
+        "model": str(save_mask2former(folder)),
+        "color": "pixels",
+        "objective": "graded",
+        "threshold": 0.0,
+        "counting_threshold": 0.0,
+    }
+
+
+def _geneval_inputs() -> dict[str, Any]:
+    """Every COCO class asked once per image: the share found exactly once varies with the detections."""
+    from vgrpo_rewards.geneval.classes import OBJECTS
+
+    meta = {"tag": "two_object", "include": [{"class": c, "count": 1} for c in OBJECTS]}
+    return {**_image_samples(6), "metadata": [meta] * 6}
+
+
+def _edit_inputs() -> dict[str, Any]:
+    """Six results and a source image per sample (the metadata an editing adapter hands the rewards)."""
+    sources = torch.rand(6, 3, 24, 24, generator=torch.Generator().manual_seed(1))
+    return {**_image_samples(6), "metadata": [{"condition_image": s} for s in sources]}
+
+
+def _image_samples(n: int = 4) -> dict[str, Any]:
+    return {"samples": Samples("image", torch.rand(n, 3, 8, 8, generator=torch.Generator().manual_seed(0)))}
 
 
 # (kind, name) -> (options, or a function of a scratch folder that writes tiny weights and returns the
@@ -237,6 +264,8 @@ TINY: dict[tuple[str, str], tuple[Any, Any]] = {
     ("reward", "spectral_flatness"): ({}, {}),
     ("reward", "remote"): (_served_brightness, _image_samples),  # serves image rewards here
     ("reward", "vlm_judge"): (_fake_judge, _image_samples),
+    ("reward", "geneval"): (_tiny_geneval, _geneval_inputs),
+    ("reward", "edit_clip"): (_tiny_clip(False), _edit_inputs),
 }
 SKIP: dict[tuple[str, str], str] = {}  # (kind, name) -> why the kit cannot apply; keep it empty
 

@@ -210,6 +210,8 @@ def test_the_baselines_register_with_documented_options():
         "flow_grpo_cps": FlowGRPOSurrogate,
         "grpo_guard": FlowGRPOSurrogate,
         "flow_dppo": FlowGRPOSurrogate,
+        "tree_grpo": FlowGRPOSurrogate,
+        "branch_grpo": FlowGRPOSurrogate,
         "diffusion_nft": DiffusionNFTSurrogate,
         "awm": AWMSurrogate,
         "awm_authors": AWMSurrogate,

@@ -81,7 +81,7 @@ def test_health_names_the_reward_and_protocol():
         "protocol": 2,
         "protocols": [1, 2],
         "modalities": ["image"],
-        "options": {"objective": "correct"},
+        "options": ["objective"],  # names only: a value may be a secret
     }
 
 

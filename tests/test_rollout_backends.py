@@ -29,6 +29,8 @@ MDP_FAMILY = [
     "flow_grpo_cps",
     "grpo_guard",
     "flow_dppo",
+    "tree_grpo",
+    "branch_grpo",
 ]
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, Self, TypeVar, runtime_checkable
@@ -318,6 +318,9 @@ class SurrogateBase:
     """``"group"``: one initial noise per prompt group in training rollouts (DanceGRPO, Flow-GRPO-Fast)."""
     owns_rollout: bool = False
     """True: training rollouts come from ``rollout`` instead of ``adapter.sample`` (never evaluations)."""
+    rollout_block: int = 1
+    """Rows one ``rollout`` call must see together (a tree rollout's leaves, the prompt group): the loop
+    rounds its rollout chunks up to a multiple of it."""
     gradient_steps: int = 0
     """Optimiser steps each batch gets, as told by ``plan_updates`` (0 = unknown)."""
     needs_exact_rollouts: bool = False
@@ -344,6 +347,12 @@ class SurrogateBase:
 
     def after_step(self, adapter: Adapter) -> None:
         """After each optimiser step, e.g. to move an EMA old policy."""
+
+    def score_steps(
+        self, batch: RolloutBatch, adapter: Adapter, score: Callable[[torch.Tensor], torch.Tensor]
+    ) -> None:
+        """After the rewards and before ``prepare``: ``score`` maps clean latents ``[B, *L]`` (the batch's
+        rows, in order) to their total reward ``[B]``, for rewards of intermediate steps (DenseGRPO)."""
 
     def rollout(
         self,

@@ -40,6 +40,15 @@ TENSOR = "samples"
 MAX_HEADER = 64 << 20
 """Most bytes of a frame's JSON header, and of its safetensors header: a longer one is a broken frame."""
 MODALITIES = ("image", "video", "audio")
+RANKS = {"image": 4, "video": 5, "audio": 3}
+"""The samples tensor's dimensions per modality: ``[B, 3, H, W]``, ``[B, F, 3, H, W]``, ``[B, C, N]``."""
+MAX_ELEMENTS = 1 << 36
+"""Most float32 values in one request (256 GiB, protocol 2's body limit): a larger shape is a mistake."""
+MAX_PIXELS = 1 << 25
+"""The default pixel budget of one request's encoded images (32 Mi pixels, e.g. 128 images of 512 x 512,
+about 0.5 GB decoded): checked from the images' headers before any is decoded."""
+IMAGE_FORMATS = {"png": "PNG"}
+"""The one image format each ``encoding`` names: a PNG request holds PNG files, nothing else Pillow reads."""
 _U64 = struct.Struct("<Q")
 
 
@@ -110,7 +119,7 @@ def read_frame(stream: ByteStream, length: int | None = None) -> ScoreRequest:
     if not isinstance(info, Mapping) or info.get("modality") not in MODALITIES:
         raise WireError("the frame's 'samples' must be an object with modality image, video or audio")
     layout = _read_exact(stream, _length(stream, "the safetensors header"), "the safetensors header")
-    shape = _tensor_shape(_json_object(layout, "safetensors header"))
+    shape = _tensor_shape(_json_object(layout, "safetensors header"), info["modality"])
     size = 2 * _U64.size + len(text) + len(layout) + 4 * math.prod(shape)
     if length is not None and length != size:
         raise WireError(f"the body has {length} bytes, but its frame describes {size}")
@@ -120,11 +129,11 @@ def read_frame(stream: ByteStream, length: int | None = None) -> ScoreRequest:
         data = torch.from_numpy(data.numpy().byteswap())
     if stream.read(1):
         raise WireError(f"the body goes on after the '{TENSOR}' tensor; a frame holds one tensor")
-    samples = Samples(info["modality"], data, info.get("sample_rate"), info.get("fps"))
-    return _request(2, samples, header)
+    rate, fps = _rates(info, "samples")
+    return _request(2, Samples(info["modality"], data, rate, fps), header)
 
 
-def _tensor_shape(described: Mapping[str, Any]) -> list[int]:
+def _tensor_shape(described: Mapping[str, Any], modality: str) -> list[int]:
     """The shape of the frame's one tensor, checked against its dtype and byte range."""
     extra = sorted(set(described) - {TENSOR, "__metadata__"})
     entry = described.get(TENSOR)
@@ -132,9 +141,7 @@ def _tensor_shape(described: Mapping[str, Any]) -> list[int]:
         raise WireError(
             f"the safetensors body must hold one tensor named '{TENSOR}', found {sorted(described)}"
         )
-    shape = entry.get("shape")
-    if not (isinstance(shape, list) and shape and all(isinstance(n, int) and n >= 0 for n in shape)):
-        raise WireError(f"'{TENSOR}' has shape {shape!r}; it must be a list of sizes")
+    shape = check_shape(entry.get("shape"), modality, f"'{TENSOR}' shape")
     if entry.get("dtype") != "F32":
         raise WireError(f"'{TENSOR}' has dtype {entry.get('dtype')!r}; send float32 (F32)")
     if entry.get("data_offsets") != [0, 4 * math.prod(shape)]:
@@ -143,6 +150,40 @@ def _tensor_shape(described: Mapping[str, Any]) -> list[int]:
             f"[0, {4 * math.prod(shape)}]"
         )
     return shape
+
+
+def check_shape(shape: Any, modality: str, field: str) -> list[int]:
+    """``shape`` if it is a samples shape of ``modality``: positive integers (not booleans), its rank, three
+    colour channels for images and video, at most ``MAX_ELEMENTS`` values (an exact product, no wrap)."""
+    rank = RANKS[modality]
+    if not (isinstance(shape, list) and all(type(n) is int and n > 0 for n in shape)):
+        raise WireError(f"{field} is {_short(shape)}; it must be a list of positive integers")
+    if len(shape) != rank:
+        layout = {"image": "[B, 3, H, W]", "video": "[B, F, 3, H, W]", "audio": "[B, channels, samples]"}
+        raise WireError(f"{field} is {shape}; {modality} samples have {rank} dimensions, {layout[modality]}")
+    if modality in ("image", "video") and shape[-3] != 3:
+        raise WireError(f"{field} is {shape}; {modality} samples have 3 colour channels (RGB)")
+    if math.prod(shape) > MAX_ELEMENTS:
+        raise WireError(
+            f"{field} is {shape}, more than {MAX_ELEMENTS} values; send fewer samples per request"
+        )
+    return shape
+
+
+def _short(value: Any) -> str:
+    """``repr(value)`` cut to 80 characters, for an error line."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _rates(info: Mapping[str, Any], field: str) -> tuple[int | None, float | None]:
+    """``sample_rate`` (a positive integer) and ``fps`` (a positive number), each possibly null."""
+    rate, fps = info.get("sample_rate"), info.get("fps")
+    if rate is not None and not (type(rate) is int and rate > 0):
+        raise WireError(f"'{field}.sample_rate' is {_short(rate)}; it must be a positive integer or null")
+    if fps is not None and not (type(fps) in (int, float) and math.isfinite(fps) and fps > 0):
+        raise WireError(f"'{field}.fps' is {_short(fps)}; it must be a positive number or null")
+    return rate, fps
 
 
 def _length(stream: ByteStream, what: str) -> int:
@@ -175,21 +216,34 @@ def _read_into(stream: ByteStream, view: memoryview, what: str = f"the '{TENSOR}
 
 
 def _json_object(raw: bytes, what: str) -> dict[str, Any]:
-    try:
-        value = json.loads(raw)
-    except ValueError as exc:
-        raise WireError(f"the frame's {what} is not JSON: {exc}") from None
+    value = _loads(raw, f"the frame's {what}")
     if not isinstance(value, dict):
         raise WireError(f"the frame's {what} must be a JSON object")
     return value
+
+
+def _loads(raw: bytes, what: str) -> Any:
+    """``json.loads(raw)``; text that is not JSON, or nested too deeply to parse, is a ``WireError``."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise WireError(
+            f"{what} is JSON nested too deeply to read; send plain prompts and metadata"
+        ) from None
+    except ValueError as exc:
+        raise WireError(f"{what} is not JSON: {exc}") from None
 
 
 def _request(protocol: int, samples: Samples, body: Mapping[str, Any]) -> ScoreRequest:
     prompts, metadata = body.get("prompts"), body.get("metadata", [{}] * len(samples))
     if not (isinstance(prompts, list) and len(prompts) == len(samples)):
         raise WireError(f"'prompts' must be a list of {len(samples)} strings")
+    if not all(isinstance(p, str) for p in prompts):
+        raise WireError(f"'prompts' must be a list of {len(samples)} strings, not {_short(prompts)}")
     if not (isinstance(metadata, list) and len(metadata) == len(samples)):
         raise WireError(f"'metadata' must be a list of {len(samples)} objects")
+    if not all(isinstance(m, dict) for m in metadata):
+        raise WireError(f"'metadata' must be a list of {len(samples)} objects, not {_short(metadata)}")
     return ScoreRequest(protocol, samples, prompts, metadata)
 
 
@@ -208,42 +262,80 @@ def encode_samples(samples: Samples) -> dict[str, Any]:
     }
 
 
-def decode_samples(obj: Any) -> Samples:
-    """The inverse of ``encode_samples``; also ``encoding = "png"``: a list of base64 PNG images."""
+def decode_samples(obj: Any, max_pixels: int = MAX_PIXELS) -> Samples:
+    """The inverse of ``encode_samples``; also ``encoding = "png"``: a list of base64 PNG images, at most
+    ``max_pixels`` pixels in all (read from their headers before any is decoded)."""
     if not isinstance(obj, Mapping):
         raise WireError("'samples' must be an object")
     modality, encoding = obj.get("modality"), obj.get("encoding", "raw")
     if modality not in MODALITIES:
-        raise WireError(f"'samples.modality' must be image, video or audio, got {modality!r}")
-    if encoding == "png":
-        if modality != "image" or not isinstance(obj.get("data"), list):
-            raise WireError("'samples.encoding' png needs modality image and 'data' a list of base64 PNGs")
-        data = torch.from_numpy(np.stack([_png(item) for item in obj["data"]])).permute(0, 3, 1, 2)
-        return Samples("image", data.float() / 255)
+        raise WireError(f"'samples.modality' must be image, video or audio, got {_short(modality)}")
+    if encoding in IMAGE_FORMATS:
+        if modality != "image" or not isinstance(obj.get("data"), list) or not obj["data"]:
+            raise WireError(
+                f"'samples.encoding' {encoding} needs modality image and 'samples.data' a non-empty list of "
+                f"base64 {IMAGE_FORMATS[encoding]} files"
+            )
+        return Samples("image", decode_images(obj["data"], encoding, max_pixels))
     if encoding != "raw" or obj.get("dtype") != "float32":
         raise WireError("'samples' must have encoding 'raw' with dtype 'float32', or encoding 'png'")
-    shape = obj.get("shape")
-    if not (isinstance(shape, list) and shape and all(isinstance(n, int) and n >= 0 for n in shape)):
-        raise WireError(f"'samples.shape' must be a list of sizes, got {shape!r}")
+    shape = check_shape(obj.get("shape"), modality, "'samples.shape'")
+    if not isinstance(obj.get("data"), str):
+        raise WireError("'samples.data' must be a base64 string")
     try:
-        raw = base64.b64decode(obj.get("data", ""), validate=True)
+        raw = base64.b64decode(obj["data"], validate=True)
     except (ValueError, TypeError) as exc:
         raise WireError(f"'samples.data' is not base64: {exc}") from None
-    if len(raw) != 4 * int(np.prod(shape)):
-        raise WireError(
-            f"'samples.data' holds {len(raw)} bytes, shape {shape} needs {4 * int(np.prod(shape))}"
-        )
+    if len(raw) != 4 * math.prod(shape):
+        raise WireError(f"'samples.data' holds {len(raw)} bytes, shape {shape} needs {4 * math.prod(shape)}")
     array = np.frombuffer(raw, dtype="<f4").reshape(shape).astype(np.float32)
-    return Samples(modality, torch.from_numpy(array), obj.get("sample_rate"), obj.get("fps"))
+    rate, fps = _rates(obj, "samples")
+    return Samples(modality, torch.from_numpy(array), rate, fps)
 
 
-def _png(item: Any) -> np.ndarray:
+def decode_images(items: Sequence[Any], encoding: str, max_pixels: int) -> torch.Tensor:
+    """``[B, 3, H, W]`` in ``[0, 1]`` from base64 image files of ``encoding``'s one format.
+
+    Each file's header is read first (Pillow opens lazily): a file of another format, a size that differs
+    from the first's, or more than ``max_pixels`` pixels in all is refused before anything is decoded,
+    so a small request cannot make the server allocate gigabytes (a decompression bomb).
+    """
     from PIL import Image
 
-    try:
-        return np.asarray(Image.open(io.BytesIO(base64.b64decode(item))).convert("RGB"))
-    except Exception as exc:  # any undecodable image
-        raise WireError(f"'samples.data' holds an item that is not a base64 PNG: {exc}") from None
+    fmt, total = IMAGE_FORMATS[encoding], 0
+    images: list[Image.Image] = []
+    for i, item in enumerate(items):
+        field = f"'samples.data[{i}]'"
+        try:
+            image = Image.open(io.BytesIO(base64.b64decode(item)), formats=[fmt])
+        except Image.DecompressionBombError:
+            raise WireError(
+                f"{field} is larger than {Image.MAX_IMAGE_PIXELS} pixels; send smaller images"
+            ) from None
+        except Exception:  # another format, or not an image at all
+            raise WireError(
+                f"{field} is not a base64 {fmt} file (encoding '{encoding}' takes {fmt} only)"
+            ) from None
+        if images and image.size != images[0].size:
+            raise WireError(
+                f"{field} is {image.size[0]}x{image.size[1]}, 'samples.data[0]' is "
+                f"{images[0].size[0]}x{images[0].size[1]}; send images of one size"
+            )
+        total += image.size[0] * image.size[1]
+        if total > max_pixels:
+            raise WireError(
+                f"'samples.data' holds more than {max_pixels} pixels, the server's budget per "
+                "request (vgrpo serve-reward --max-pixels); send fewer or smaller images"
+            )
+        images.append(image)
+    width, height = images[0].size
+    out = np.empty((len(images), height, width, 3), dtype=np.uint8)
+    for i, opened in enumerate(images):
+        try:
+            out[i] = np.asarray(opened.convert("RGB"))
+        except Exception as exc:  # a truncated or corrupt file
+            raise WireError(f"'samples.data[{i}]' is a {fmt} file that does not decode: {exc}") from None
+    return torch.from_numpy(out).permute(0, 3, 1, 2).float().div_(255)
 
 
 def encode_request(samples: Samples, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]]) -> bytes:
@@ -257,12 +349,9 @@ def encode_request(samples: Samples, prompts: Sequence[str], metadata: Sequence[
     return json.dumps(body).encode()
 
 
-def decode_request(body: bytes) -> ScoreRequest:
+def decode_request(body: bytes, max_pixels: int = MAX_PIXELS) -> ScoreRequest:
     """The request in a protocol-1 JSON body (the inverse of ``encode_request``)."""
-    try:
-        request = json.loads(body)
-    except ValueError as exc:
-        raise WireError(f"the body is not JSON: {exc}") from None
+    request = _loads(body, "the body")
     if not isinstance(request, dict):
         raise WireError("the body must be a JSON object")
     if request.get("protocol") == 2:
@@ -271,28 +360,34 @@ def decode_request(body: bytes) -> ScoreRequest:
         raise WireError(
             f"protocol {request.get('protocol')!r} requested, this server speaks 1 (JSON) and 2 (a frame)"
         )
-    return _request(1, decode_samples(request.get("samples")), request)
+    return _request(1, decode_samples(request.get("samples"), max_pixels), request)
 
 
 # ------------------------------------------------------------------------------------- scores (both)
-def encode_scores(out: torch.Tensor | Mapping[str, torch.Tensor]) -> dict[str, list[float]]:
-    """A reward's output as ``{"score": [...], "<criterion>": [...]}`` of float32 values."""
+def encode_scores(out: torch.Tensor | Mapping[str, torch.Tensor]) -> dict[str, list[float | None]]:
+    """A reward's output as ``{"score": [...], "<criterion>": [...]}`` of float32 values; a value that is
+    not finite is ``null`` (JSON has no NaN), which ``decode_scores`` reads back as NaN."""
     terms = out if isinstance(out, Mapping) else {"score": out}
     return {
-        k: torch.as_tensor(v).detach().to("cpu", torch.float32).reshape(-1).tolist() for k, v in terms.items()
+        str(k): [
+            x if math.isfinite(x) else None
+            for x in torch.as_tensor(v).detach().to("cpu", torch.float32).reshape(-1).tolist()
+        ]
+        for k, v in terms.items()
     }
 
 
 def decode_scores(reply: Any, batch: int) -> dict[str, torch.Tensor]:
-    """The ``scores`` of a reply as ``[batch]`` float32 tensors; a missing or short entry is an error."""
+    """The ``scores`` of a reply as ``[batch]`` float32 tensors (``null``: NaN, which scoring then refuses
+    as in process); a missing or short entry is an error."""
     scores = reply.get("scores") if isinstance(reply, Mapping) else None
     if not isinstance(scores, Mapping) or "score" not in scores:
         raise WireError("the reply has no 'scores' object with a 'score' entry")
     out = {}
     for key, values in scores.items():
-        if not isinstance(values, list) or not all(isinstance(v, int | float) for v in values):
+        if not isinstance(values, list) or not all(v is None or isinstance(v, int | float) for v in values):
             raise WireError(f"'scores.{key}' is not a list of numbers")
         if len(values) != batch:
             raise WireError(f"'scores.{key}' has {len(values)} values for {batch} samples")
-        out[str(key)] = torch.tensor(values, dtype=torch.float32)
+        out[str(key)] = torch.tensor([math.nan if v is None else v for v in values], dtype=torch.float32)
     return out

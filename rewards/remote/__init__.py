@@ -26,7 +26,10 @@ class Config(PluginConfig):
     )
     timeout_s: float = Field(60.0, gt=0, description="Seconds to wait for one request's reply.")
     retries: int = Field(
-        2, ge=0, le=10, description="Extra tries after a connection failure, a timeout or a 5xx reply."
+        2,
+        ge=0,
+        le=10,
+        description="Extra tries after a connection failure, a timeout or a 5xx reply (a 4xx is final).",
     )
     backoff_s: float = Field(
         1.0, ge=0, le=60, description="Wait before the first retry; doubles with each further one."
@@ -36,6 +39,12 @@ class Config(PluginConfig):
         None,
         description="The reward the server must serve (checked against each reply's 'reward'); "
         "null = whichever it serves.",
+    )
+    token_env: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="Name of an environment variable holding the server's token (vgrpo serve-reward "
+        "--token-env); the token itself never goes in a recipe. null = send none.",
     )
 
 

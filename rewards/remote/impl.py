@@ -7,6 +7,7 @@ tensor's memory as they are, so a batch of any size goes in one request without 
 from __future__ import annotations
 
 import json
+import os
 import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,7 @@ class RemoteReward(JsonPoster):
         self.config = config
         self.url = config.url.rstrip("/")
         self.server = self.replier = f"the reward server at {self.url}"
+        self.token = _token(config)
 
     def score(
         self, samples: Samples, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]]
@@ -83,12 +85,19 @@ class RemoteReward(JsonPoster):
     def _request(self, body: wire.Frame) -> urllib.request.Request:
         # an iterable body with its Content-Length: urllib sends the pieces one after another, unjoined
         headers = {"Content-Type": wire.FRAME_TYPE, "Content-Length": str(body.length)}
+        if self.token is not None:
+            headers["Authorization"] = f"Bearer {self.token}"
         return urllib.request.Request(f"{self.url}/score", data=body.chunks, headers=headers, method="POST")
 
     def _http_error(self, code: int, body: bytes) -> Exception:
         message = _error_text(body)
         if code >= 500:
             return TransientError(f"{self.server} failed: {message}; fix the served reward")
+        if code in (401, 403):
+            return RewardError(
+                f"{self.server} refused the request (HTTP {code}): {message}; set options.token_env to "
+                "the variable holding the token the server was started with (vgrpo serve-reward --token-env)"
+            )
         return RewardError(
             f"{self.server} refused the request (HTTP {code}): {message}; check the modality, the "
             f"protocol (this client sends {wire.PROTOCOL}; a server that answers 'not JSON' is an older "
@@ -96,8 +105,24 @@ class RemoteReward(JsonPoster):
         )
 
 
+def _token(config: Config) -> str | None:
+    """The token in the variable ``options.token_env`` names (a recipe holds only the name)."""
+    if config.token_env is None:
+        return None
+    value = os.environ.get(config.token_env, "").strip()
+    if not value:
+        raise RewardError(
+            f"remote: options.token_env names {config.token_env}, which is not set; export it (the token "
+            "the server was started with) or drop options.token_env"
+        )
+    return value
+
+
 def _error_text(body: bytes) -> str:
+    """The server's ``error``, else the body's start, on one line of at most 300 characters."""
     try:
-        return str(json.loads(body)["error"])
-    except (ValueError, KeyError, TypeError):
-        return body[:200].decode("utf-8", "replace") or "no details"
+        text = str(json.loads(body)["error"])
+    except (ValueError, KeyError, TypeError, RecursionError):
+        text = body[:300].decode("utf-8", "replace") or "no details"
+    text = " ".join(text.split())
+    return text if len(text) <= 300 else text[:297] + "..."

@@ -223,6 +223,41 @@ def heldout_partner_split(
     return rl, evaluation
 
 
+def composition_kind(
+    spec: SceneSpec, held: frozenset[tuple[str, str]]
+) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """A held-out prompt's kind: its template ("and" or the relation) and the held-out pairs it shows."""
+    pairs = tuple(sorted({(o.color, o.shape) for o in spec.objects} & held))
+    return (spec.relation or "and", pairs)
+
+
+def heldout_validation_split(
+    seed: int = 0, n_heldout_pairs: int = 2, split_seed: int = 0
+) -> tuple[list[str], list[str]]:
+    """``(validation, reported)``: the held-out prompts cut in two disjoint halves, so that a benchmark
+    chooses its settings on one and reports on the other. Each composition kind (``composition_kind``:
+    the template and the held-out pairs shown) is split on its own, half to validation (rounded down),
+    so every template and every held-out pair appears in both; the draws and each list's order come
+    from ``split_seed`` (a list is read in its order when an evaluation takes its first N prompts)."""
+    held = heldout_pairs(seed, n_heldout_pairs)
+    kinds: dict[tuple[str, tuple[tuple[str, str], ...]], list[str]] = {}
+    for spec in all_specs():
+        if is_heldout(spec, held):
+            kinds.setdefault(composition_kind(spec, held), []).append(spec.to_prompt())
+    rng = np.random.default_rng(split_seed)
+    validation, reported = [], []
+    for kind in sorted(kinds):
+        prompts = kinds[kind]
+        order = rng.permutation(len(prompts))
+        half = len(prompts) // 2
+        validation += [prompts[i] for i in order[:half]]
+        reported += [prompts[i] for i in order[half:]]
+    return (
+        [validation[i] for i in rng.permutation(len(validation))],
+        [reported[i] for i in rng.permutation(len(reported))],
+    )
+
+
 # -------------------------------------------------------------------------------------- geometry
 Box = tuple[float, float, float, float]  # x0, y0, x1, y1 in pixels (x right, y down)
 

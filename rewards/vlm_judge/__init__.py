@@ -6,7 +6,10 @@ and an inference server's batching; training only sends PNG images and reads the
 score rules turn the answer into a number: ``number`` (the first number of the reply, normalised from
 ``[min_score, max_score]`` to ``[0, 1]``) and ``yes_probability`` (``P(yes) / (P(yes) + P(no))`` over the
 first reply token's top logprobs). ``groupwise`` sends the images of one prompt in one request, so the
-judge compares them. No torch here: the client loads in the factory; docs/rewards.md has the details.
+judge compares them. ``vqa`` asks one yes/no question per atom of the prompt's metadata (objects, counts,
+colours, positions: GenEval2's Soft-TIFA) and averages P(yes); ``edit`` sends the source image and the
+result with the edit instruction. No torch here: the client loads in the factory; docs/rewards.md has
+the details.
 """
 
 from __future__ import annotations
@@ -30,6 +33,18 @@ POINTWISE_YES_TEMPLATE = (
     "You are judging an AI-generated image against the text prompt it was generated from.\n"
     'Prompt: "{prompt}"\n'
     "Does the image match the prompt faithfully and look good? Answer Yes or No."
+)
+VQA_TEMPLATE = "Answer the question about the image with Yes or No.\nQuestion: {question}"
+EDIT_NUMBER_TEMPLATE = (
+    "The first image is a source image, the second the result of editing it with this instruction:\n"
+    '"{prompt}"\n'
+    "Rate from {min_score} (worst) to {max_score} (best) how well the result follows the instruction while "
+    "keeping everything the instruction does not ask to change as in the source. Answer with the number only."
+)
+EDIT_YES_TEMPLATE = (
+    "The first image is a source image, the second the result of editing it with this instruction:\n"
+    '"{prompt}"\n'
+    "Does the result follow the instruction and keep everything else as in the source? Answer Yes or No."
 )
 GROUPWISE_NUMBER_TEMPLATE = (
     "You are judging {n} AI-generated images, Image 1 to Image {n} above, all generated from the same "
@@ -65,10 +80,17 @@ class Config(PluginConfig):
     api_key_env: str | None = Field(
         None, min_length=1, description="Name of an environment variable holding the bearer token."
     )
-    mode: Literal["pointwise", "groupwise"] = Field(
+    mode: Literal["pointwise", "groupwise", "vqa", "edit"] = Field(
         "pointwise",
         description="'pointwise': one request per image; 'groupwise': the images of one prompt in one "
-        "request, scored together (score_rule 'number' only).",
+        "request, scored together (score_rule 'number' only); 'vqa': one yes/no question per atom of the "
+        "prompt's metadata, the score their mean P(yes) (Soft-TIFA; score_rule 'yes_probability'); 'edit': "
+        "the source image (metadata) and the result in one request, with the instruction.",
+    )
+    vqa_aggregate: Literal["mean", "geometric"] = Field(
+        "mean",
+        description="How mode 'vqa' joins the atoms' P(yes): their arithmetic mean (Soft-TIFA's atom score) "
+        "or geometric mean (near 0 when any atom fails).",
     )
     score_rule: Literal["number", "yes_probability"] = Field(
         "number",
@@ -77,8 +99,9 @@ class Config(PluginConfig):
     )
     prompt_template: str | None = Field(
         None,
-        description="The text sent with the image(s); {prompt}, {min_score}, {max_score} and {n} (images "
-        "in the request) are filled in. null = the default of the mode and score rule (docs/rewards.md).",
+        description="The text sent with the image(s); {prompt}, {min_score}, {max_score}, {n} (images in "
+        "the request) and {question} (mode 'vqa') are filled in. null = the default of the mode and score "
+        "rule (docs/rewards.md).",
     )
     system_prompt: str | None = Field(None, description="A system message sent first; null = none.")
     min_score: float = Field(0.0, description="The lowest score the template asks for (score_rule 'number').")
@@ -137,8 +160,13 @@ class Config(PluginConfig):
                 "score_rule 'yes_probability' reads one answer's first token: use mode 'pointwise', or "
                 "score_rule 'number' with mode 'groupwise'"
             )
-        if self.prompt_template is not None and "{prompt}" not in self.prompt_template:
-            raise ValueError("prompt_template must contain the placeholder {prompt}")
+        if self.mode == "vqa" and self.score_rule != "yes_probability":
+            raise ValueError(
+                "mode 'vqa' averages P(yes) over the atoms' questions: set score_rule 'yes_probability'"
+            )
+        needed = "{question}" if self.mode == "vqa" else "{prompt}"
+        if self.prompt_template is not None and needed not in self.prompt_template:
+            raise ValueError(f"prompt_template must contain the placeholder {needed} (mode {self.mode!r})")
         if self.api_key is not None and self.api_key_env is not None:
             raise ValueError("set api_key or api_key_env, not both")
         if {"model", "messages"} & set(self.extra_body):
@@ -153,6 +181,10 @@ class Config(PluginConfig):
             return self.prompt_template
         if self.mode == "groupwise":
             return GROUPWISE_NUMBER_TEMPLATE
+        if self.mode == "vqa":
+            return VQA_TEMPLATE
+        if self.mode == "edit":
+            return EDIT_YES_TEMPLATE if self.score_rule == "yes_probability" else EDIT_NUMBER_TEMPLATE
         return POINTWISE_YES_TEMPLATE if self.score_rule == "yes_probability" else POINTWISE_NUMBER_TEMPLATE
 
 
@@ -171,6 +203,7 @@ def register_components() -> list[Component]:
             "vlm_judge",
             build,
             Config,
-            summary="A VLM judge behind an OpenAI-compatible chat API (vLLM, SGLang): a score or P(yes).",
+            summary="A VLM judge behind an OpenAI-compatible chat API (vLLM, SGLang): a score, P(yes), "
+            "Soft-TIFA atoms or an edit.",
         ),
     ]

@@ -12,6 +12,7 @@ import re
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -23,7 +24,9 @@ from vgrpo_platform.protocols import Samples
 from vgrpo_platform.retrying import TransientError
 
 from .._clip_common import check_images
+from .._condition import source_images
 from .._http import JsonPoster
+from .atoms import questions
 
 if TYPE_CHECKING:
     from . import Config
@@ -55,7 +58,9 @@ class VlmJudgeReward(JsonPoster):
     ``score`` returns ``{"score": [B] in [0, 1], detail: [B]}``: the detail is ``raw`` (the judge's
     number before normalisation) for ``score_rule = "number"`` and ``yes_no_mass`` (``P(yes) + P(no)``
     among the top logprobs: how much of the first token's probability answered in the expected form)
-    for ``"yes_probability"``.
+    for ``"yes_probability"``. Mode ``vqa`` scores the mean (or geometric mean) of the atoms' P(yes) and
+    adds ``min_atom`` (the weakest atom) and ``atoms`` (how many were asked); its detail is the atoms'
+    mean yes/no mass.
     """
 
     modalities = frozenset({"image"})
@@ -83,27 +88,61 @@ class VlmJudgeReward(JsonPoster):
         data = check_images(samples, prompts, "vlm_judge")
         device, batch = data.device, int(data.shape[0])
         if batch == 0:
-            empty = torch.zeros(0, device=device)
-            return {"score": empty, self.detail: empty.clone()}
+            keys = ("score", self.detail, *(("min_atom", "atoms") if self.config.mode == "vqa" else ()))
+            return {k: torch.zeros(0, device=device) for k in keys}
         # one copy off the device; PNG encoding happens in the request threads
         pixels = (data.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1)
         pixels = pixels.cpu().numpy()  # [B, H, W, 3] uint8
-        if self.config.mode == "pointwise":
-            jobs = [[i] for i in range(batch)]
-        else:  # samples sharing a prompt string form one group, in batch order
+        mode = self.config.mode
+        if mode == "groupwise":  # samples sharing a prompt string form one group, in batch order
             groups: dict[str, list[int]] = {}
             for i, prompt in enumerate(prompts):
                 groups.setdefault(prompt, []).append(i)
-            jobs = list(groups.values())
-        results = self._map(lambda idx: self._judge(pixels, idx, prompts[idx[0]]), jobs)
-        score, detail = [0.0] * batch, [0.0] * batch
-        for idx, pairs in zip(jobs, results, strict=True):
-            for i, (s, d) in zip(idx, pairs, strict=True):
-                score[i], detail[i] = s, d
-        return {
+            owners = list(groups.values())
+            jobs = [Job([pixels[i] for i in idx], prompts[idx[0]]) for idx in owners]
+        elif mode == "vqa":  # one request per (sample, atom question)
+            owners, jobs = [], []
+            for i, (prompt, meta) in enumerate(zip(prompts, metadata, strict=True)):
+                for question in self._questions(prompt, meta):
+                    owners.append([i])
+                    jobs.append(Job([pixels[i]], prompt, question))
+        elif mode == "edit":  # the source image first, then the result
+            sources = source_images(metadata, "vlm_judge")
+            owners = [[i] for i in range(batch)]
+            jobs = [Job([_uint8(sources[i]), pixels[i]], prompts[i]) for i in range(batch)]
+        else:
+            owners = [[i] for i in range(batch)]
+            jobs = [Job([pixels[i]], prompts[i]) for i in range(batch)]
+        results = self._map(self._judge, jobs)
+        answers: list[list[tuple[float, float]]] = [[] for _ in range(batch)]
+        for idx, pairs in zip(owners, results, strict=True):
+            for i, pair in zip(idx, pairs, strict=True):
+                answers[i].append(pair)
+        score = [self._join([s for s, _ in a]) for a in answers]
+        detail = [sum(d for _, d in a) / len(a) for a in answers]
+        out = {
             "score": torch.tensor(score, dtype=torch.float32, device=device),
             self.detail: torch.tensor(detail, dtype=torch.float32, device=device),
         }
+        if mode == "vqa":  # the weakest atom, and how many were asked
+            out["min_atom"] = torch.tensor([min(s for s, _ in a) for a in answers], device=device)
+            out["atoms"] = torch.tensor([float(len(a)) for a in answers], device=device)
+        return out
+
+    def _join(self, values: list[float]) -> float:
+        """One sample's score from its answers: the one answer, or (mode 'vqa') the atoms' mean."""
+        if self.config.mode == "vqa" and self.config.vqa_aggregate == "geometric":
+            return math.exp(sum(math.log(max(v, 1e-12)) for v in values) / len(values))
+        return sum(values) / len(values)
+
+    def _questions(self, prompt: str, meta: Mapping[str, Any]) -> list[str]:
+        try:
+            return questions(meta)
+        except ValueError as exc:
+            raise RewardError(
+                f"vlm_judge: prompt {_snippet(prompt, 40)}: {exc}; mode 'vqa' needs a JSONL prompt set whose "
+                "lines carry 'questions' or GenEval's 'include' (vgrpo_rewards.geneval.make_prompts)"
+            ) from None
 
     def _map(self, fn: Callable[[T], R], jobs: list[T]) -> list[R]:
         """``fn`` over ``jobs`` with up to ``concurrency`` in flight; results (or the first failure, in
@@ -118,20 +157,22 @@ class VlmJudgeReward(JsonPoster):
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
 
-    def _judge(self, pixels: np.ndarray, idx: list[int], prompt: str) -> list[tuple[float, float]]:
-        """One request for the images ``pixels[idx]``; ``(score in [0, 1], detail)`` per image."""
+    def _judge(self, job: Job) -> list[tuple[float, float]]:
+        """One request; ``(score in [0, 1], detail)`` per scored image (groupwise: each of the group's)."""
         cfg = self.config
+        prompt = job.prompt
         text = (
             self.template.replace("{prompt}", prompt)
             .replace("{min_score}", _fmt(cfg.min_score))
             .replace("{max_score}", _fmt(cfg.max_score))
-            .replace("{n}", str(len(idx)))
+            .replace("{n}", str(len(job.images)))
+            .replace("{question}", job.question or "")
         )
         content: list[dict[str, Any]] = []
-        for k, i in enumerate(idx, 1):
+        for k, image in enumerate(job.images, 1):
             if cfg.mode == "groupwise":
                 content.append({"type": "text", "text": f"Image {k}:"})
-            content.append({"type": "image_url", "image_url": {"url": self._data_url(pixels[i])}})
+            content.append({"type": "image_url", "image_url": {"url": self._data_url(image)}})
         content.append({"type": "text", "text": text})
         messages: list[dict[str, Any]] = [{"role": "user", "content": content}]
         if cfg.system_prompt is not None:
@@ -157,7 +198,8 @@ class VlmJudgeReward(JsonPoster):
                 f"vlm_judge: the judge at {self.base_url} sent no reply text (finish_reason {finish!r}); "
                 "raise options.max_tokens (a reasoning model may spend them all thinking)"
             )
-        numbers = self._numbers(reply, len(idx), prompt, finish)
+        scored = len(job.images) if cfg.mode == "groupwise" else 1
+        numbers = self._numbers(reply, scored, prompt, finish)
         lo, hi = cfg.min_score, cfg.max_score
         for x in numbers:
             if not (lo <= x <= hi):
@@ -199,7 +241,7 @@ class VlmJudgeReward(JsonPoster):
     def _numbers(self, reply: str, n: int, prompt: str, finish: Any) -> list[float]:
         text = self._answer(reply)
         length_hint = " or raise options.max_tokens (the reply was cut off)" if finish == "length" else ""
-        if self.config.mode == "pointwise":
+        if self.config.mode != "groupwise":
             match = NUMBER.search(text)
             if match is None:
                 raise RewardError(
@@ -299,6 +341,20 @@ class VlmJudgeReward(JsonPoster):
                 "(vLLM: --max-logprobs)"
             )
         return RewardError(f"vlm_judge: {where} refused the request (HTTP {code}): {message}; {fix}")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One request: its images (uint8 ``[H, W, 3]``, in the order sent), the prompt, the atom question."""
+
+    images: list[np.ndarray]
+    prompt: str
+    question: str | None = None
+
+
+def _uint8(image: torch.Tensor) -> np.ndarray:
+    """``[3, H, W]`` in ``[0, 1]`` -> ``[H, W, 3]`` uint8."""
+    return (image.float().clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
 
 
 def _api_key(config: Config) -> str | None:

@@ -488,6 +488,23 @@ def serve_reward(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (loopback by default)."),
     port: int = typer.Option(8765, "--port", min=0, max=65535, help="Port to listen on (0: any free one)."),
     device: str = typer.Option("cpu", "--device", help="Device the reward is built on, e.g. cuda:0."),
+    token_env: str | None = typer.Option(
+        None,
+        "--token-env",
+        metavar="VAR",
+        help="Require the token held in environment variable VAR (`Authorization: Bearer ...`) on every "
+        "request; the `remote` reward sends it from its options.token_env.",
+        show_default=False,
+    ),
+    max_pixels: int = typer.Option(
+        1 << 25, "--max-pixels", min=1, help="Most pixels of encoded (png) images in one request."
+    ),
+    timeout_s: float = typer.Option(
+        60.0, "--timeout-s", min=0.1, help="Seconds a connection may stay silent before it is closed."
+    ),
+    max_connections: int = typer.Option(
+        32, "--max-connections", min=1, help="Connections served at once (one thread each); more wait."
+    ),
     debug: bool = DebugOpt,
 ) -> None:
     """Serve reward NAME over HTTP: GET /health and POST /score (protocol in docs/rewards.md).
@@ -498,11 +515,21 @@ def serve_reward(
     from vgrpo_platform.protocols import BuildContext
 
     with user_errors(debug):
+        reward_server = importlib.import_module("vgrpo_platform.cli.reward_server")  # werkzeug, lazily
+        token = reward_server.read_token(token_env)
         options = apply_overrides({}, option or [])
         registry = collect_components(_plugin_manager())
         reward = registry.build("reward", name, options, BuildContext(device=device), where="--option")
-        reward_server = importlib.import_module("vgrpo_platform.cli.reward_server")  # werkzeug, lazily
-        server = reward_server.make_server(reward_server.RewardApp(name, reward, options), host, port)
+        app_ = reward_server.RewardApp(name, reward, options, token=token, max_pixels=max_pixels)
+        server = reward_server.make_server(
+            app_, host, port, timeout_s=timeout_s, max_connections=max_connections
+        )
+        if token is None and not reward_server.is_loopback(host):
+            typer.echo(
+                f"warning: listening on {host} without a token: anyone who reaches this port can score "
+                "and read /health; pass --token-env VAR, or --host 127.0.0.1",
+                err=True,
+            )
         typer.echo(f"serving reward '{name}' on http://{host}:{server.server_port}")
         sys.stdout.flush()
         try:

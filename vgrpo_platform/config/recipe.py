@@ -442,6 +442,18 @@ def _resolve_backend(
     return ResolvedComponent(spec, config)
 
 
+def _check_rollout_block(recipe: Recipe, surrogate: ResolvedComponent, prefix: str) -> None:
+    """A surrogate whose rollout sees a block of rows together (a tree rollout: the prompt group is one
+    tree, docs/method.md section 8) needs groups of exactly that size."""
+    block = int(getattr(surrogate.spec.factory(surrogate.config, None), "rollout_block", 1))
+    if block > 1 and recipe.rollout.group_size != block:
+        raise RecipeError(
+            f"{prefix}surrogate '{surrogate.spec.name}' rolls each prompt group out as one tree of {block} "
+            f"leaves, but rollout.group_size = {recipe.rollout.group_size}: set rollout.group_size = {block} "
+            "(or change tree_branching / tree_branch_steps)"
+        )
+
+
 def surrogate_needs_exact_rollouts(surrogate: ResolvedComponent) -> bool:
     """``needs_exact_rollouts`` of the surrogate the recipe builds (cheap: no model is involved)."""
     built = surrogate.spec.factory(surrogate.config, None)
@@ -489,6 +501,7 @@ def validate_components(
     _resolve_init_lora(recipe, recipe_dir, prefix)
     _resolve_data_anchor(recipe, recipe_dir, prefix)
     backend = _resolve_backend(registry, recipe, surrogate, source)
+    _check_rollout_block(recipe, surrogate, prefix)
 
     try:
         train, evals = load_prompts(recipe.prompts, recipe_dir)

@@ -383,6 +383,7 @@ class Trainer:
             clock.add_aside(rollout.info.get("time_mismatch", 0.0))
         self._prefetch_next(draw, iteration)
         batch = self._batch(draw, rollout, scores)
+        self._score_steps(batch)
         self._prepare_surrogate(batch, rollout.generating)
         with clock.aside():  # not part of the method's training cost
             diagnostics = self.diagnose(batch, iteration)
@@ -454,7 +455,8 @@ class Trainer:
     def _roll_out(self, draw: _Draw, iteration: int, feeder: GroupFeeder | None) -> _Rollout:
         """The rank's rollout from the run's backend (or the surrogate's own sampler), chunk by chunk."""
         plan = draw.pending.plan if draw.pending else self._plan(draw.prompts, draw.block, draw.rows.start)
-        chunk = self.recipe.train.micro_batch_size
+        block = self.session.surrogate.rollout_block  # a tree rollout needs its whole group in one call
+        chunk = -(-self.recipe.train.micro_batch_size // block) * block
         sample_chunk, info, generating = self.source.sampler_for(
             plan, self.sampler, iteration, chunk, draw.pending
         )
@@ -516,6 +518,24 @@ class Trainer:
             rows=dp.RowsOf(scores.group_ids.to(self.device), mine.start) if self.shard.world > 1 else None,
             state=rollout.state if isinstance(rollout.state, BatchState) else None,
         )
+
+    def _score_steps(self, batch: RolloutBatch) -> None:
+        """The surrogate's rewards of intermediate steps (DenseGRPO's ``step_rewards``), scored like the
+        batch: decoded, every training reward, the recipe's weights (``sum_k w_k R_k``, the logged reward)."""
+        weights = {r.key: r.weight for r in self.session.rewards}
+        adapter, group_size = self.session.adapter, self.recipe.rollout.group_size
+
+        def score(latents: torch.Tensor) -> torch.Tensor:
+            terms, _ = self.scorer.score(
+                adapter.decode(latents), batch.prompts, step=None, group_size=group_size
+            )
+            return sum(weights[k] * v.float().to(self.device) for k, v in sorted(terms.items()))  # type: ignore[return-value]
+
+        with (
+            self.accelerator.autocast(),
+            denoiser_call_of(adapter).rows_at_most(self.recipe.train.micro_batch_size),
+        ):
+            self.session.surrogate.score_steps(batch, adapter, score)
 
     def _prepare_surrogate(self, batch: RolloutBatch, generating: dict[str, torch.Tensor] | None) -> None:
         """The surrogate's pairs and the old policy's values, from the weights that generated the batch,

@@ -183,6 +183,71 @@ class FlowGRPOConfig(PluginConfig):
         "redrawn per sample every iteration (DanceGRPO: 0.6); 1 = all.",
     )
 
+    tree_branch_steps: list[int] | None = Field(
+        None,
+        description="Tree rollout (TreeGRPO / BranchGRPO): the steps (0-based) at which every node branches "
+        "into tree_branching children; the group is one tree of tree_branching^len leaves, which must equal "
+        "rollout.group_size. null = independent trajectories.",
+    )
+    tree_branching: int = Field(2, ge=2, description="Tree rollout: children per node at a branching step.")
+    tree_advantage: Literal["leaf_mean", "depth_norm"] = Field(
+        "leaf_mean",
+        description="Tree rollout: an edge's advantage. 'leaf_mean' = the mean advantage of the leaves "
+        "below it (TreeGRPO); 'depth_norm' = that mean z-scored among the tree's nodes at the same step "
+        "(BranchGRPO).",
+    )
+    tree_sde: Literal["branch", "all"] = Field(
+        "branch",
+        description="Tree rollout: which steps are stochastic (and trained): 'branch' = the branching steps "
+        "only, ODE elsewhere (TreeGRPO); 'all' = every step, each node drawing its own noise (BranchGRPO).",
+    )
+    tree_prune_steps: list[int] = Field(
+        default_factory=list,
+        description="Tree rollout: steps (0-based) whose edges are not trained (BranchGRPO's depth pruning).",
+    )
+
+    step_rewards: bool = Field(
+        False,
+        description="DenseGRPO's dense rewards: each trained step's advantage is the change it made in the "
+        "reward of the clean sample predicted from its latent, normalised per prompt group and step; only "
+        "the scored steps train.",
+    )
+    step_reward_steps: list[int] | None = Field(
+        None,
+        description="step_rewards: the steps (0-based) to score and train; null = every trainable SDE step.",
+    )
+    step_reward_target: Literal["ode", "x0"] = Field(
+        "ode",
+        description="step_rewards: how a latent becomes a clean sample to score: 'ode' = the deterministic "
+        "Euler completion over the rest of the rollout's grid with the rollout policy (DenseGRPO); 'x0' = "
+        "the one-forward prediction z - t v.",
+    )
+
+    @model_validator(mode="after")
+    def _check_tree(self) -> FlowGRPOConfig:
+        if self.step_reward_steps is not None and not self.step_rewards:
+            raise ValueError("step_reward_steps needs step_rewards = true")
+        if self.step_rewards and self.tree_branch_steps is not None:
+            raise ValueError(
+                "step_rewards and a tree rollout both set per-step advantages: choose one "
+                "(drop step_rewards or tree_branch_steps)"
+            )
+        if self.tree_branch_steps is None:
+            if self.tree_prune_steps:
+                raise ValueError("tree_prune_steps needs a tree rollout: set tree_branch_steps or drop it")
+            return self
+        steps = self.tree_branch_steps
+        if not steps or sorted(set(steps)) != steps or steps[0] < 0:
+            raise ValueError(
+                f"tree_branch_steps must be distinct step indices >= 0 in increasing order, got {steps}"
+            )
+        if self.window_size is not None or self.train_fraction < 1:
+            raise ValueError(
+                "a tree rollout chooses its own SDE steps and trains each edge once: "
+                "drop window_size and train_fraction (or tree_branch_steps)"
+            )
+        return self
+
     @model_validator(mode="after")
     def _check_cps_noise_level(self) -> FlowGRPOConfig:
         if self.sde_kind == "cps" and self.noise_level > 1:
@@ -281,6 +346,42 @@ class FlowDPPOConfig(FlowGRPOConfig):
     )
     window_range: float = Field(0.5, gt=0, le=1, description="...in the first half of the steps.")
     kl_beta: float = Field(0.0, ge=0, description="Flow-DPPO trains without a reference KL (beta 0).")
+
+
+class TreeGRPOConfig(FlowGRPOConfig):
+    """TreeGRPO (docs/method.md section 8): the group is one tree branching in two at steps 0, 2 and 4
+    (8 leaves), SDE only on the branching steps, ODE elsewhere, each edge's advantage the mean of its
+    leaves' (Ding & Ye, "TreeGRPO: Tree-Advantage GRPO for Online RL Post-Training of Diffusion Models")."""
+
+    tree_branch_steps: list[int] | None = Field(
+        [0, 2, 4], description="Branching steps: 2^3 = 8 leaves, rollout.group_size 8 (ours)."
+    )
+    tree_advantage: Literal["leaf_mean", "depth_norm"] = Field(
+        "leaf_mean", description="An edge's advantage is the mean of its leaves' (TreeGRPO)."
+    )
+    tree_sde: Literal["branch", "all"] = Field(
+        "branch", description="Stochastic transitions only where the tree branches (TreeGRPO)."
+    )
+    kl_beta: float = Field(0.0, ge=0, description="No KL to the reference (ours).")
+
+
+class BranchGRPOConfig(FlowGRPOConfig):
+    """BranchGRPO (docs/method.md section 8): DanceGRPO's constant-noise SDE on every step, the group one
+    tree branching in two at steps 0, 2 and 4, node advantages z-scored per depth ("BranchGRPO: Stable and
+    Efficient GRPO with Structured Branching in Diffusion Models")."""
+
+    tree_branch_steps: list[int] | None = Field(
+        [0, 2, 4], description="Split points: 2^3 = 8 leaves, rollout.group_size 8 (ours)."
+    )
+    tree_advantage: Literal["leaf_mean", "depth_norm"] = Field(
+        "depth_norm", description="Node rewards z-scored among the nodes of each depth (BranchGRPO)."
+    )
+    tree_sde: Literal["branch", "all"] = Field("all", description="SDE on every step (BranchGRPO).")
+    noise_level: float = Field(0.3, gt=0, description="eta, the constant s(t) of the SDE (DanceGRPO's 0.3).")
+    diffusion: Literal["flow_grpo", "constant"] = Field(
+        "constant", description="s(t) = eta: BranchGRPO's step is DanceGRPO's flux_step."
+    )
+    kl_beta: float = Field(0.0, ge=0, description="BranchGRPO trains without a KL term.")
 
 
 class DiffusionNFTConfig(PluginConfig):

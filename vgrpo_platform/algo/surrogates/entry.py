@@ -4,7 +4,8 @@
 techniques off (independent pairs per sample, i.i.d. timesteps, plain MSE), the paper's baseline
 that oscillates or diverges. ``flow_grpo`` (options: MixGRPO's window, CPS steps, GRPO-Guard's
 ratio, Flow-DPPO's KL mask), ``mixgrpo``, ``dance_grpo``, ``flow_grpo_fast``, ``flow_grpo_cps``,
-``grpo_guard`` and ``flow_dppo`` (presets of its options), ``diffusion_nft``, ``awm``, ``awm_authors``
+``grpo_guard``, ``flow_dppo``, ``tree_grpo`` and ``branch_grpo`` (presets of its options; the last two
+roll out a tree per prompt group), ``diffusion_nft``, ``awm``, ``awm_authors``
 (AWM as its authors ship it), ``diffusion_dpo`` (online Diffusion-DPO) and ``dgpo`` are the baselines
 of docs/method.md section 6, behind the same interfaces.
 """
@@ -16,6 +17,7 @@ from typing import Any
 from vgrpo_platform.algo.surrogates.configs import (  # re-exported: the configs' historical import path
     AWMAuthorsConfig,
     AWMConfig,
+    BranchGRPOConfig,
     DanceGRPOConfig,
     DGPOConfig,
     DiffusionNFTConfig,
@@ -27,6 +29,7 @@ from vgrpo_platform.algo.surrogates.configs import (  # re-exported: the configs
     MixGRPOConfig,
     NaiveELBOConfig,
     OnlineDPOConfig,
+    TreeGRPOConfig,
     VGRPOConfig,
 )
 from vgrpo_platform.hookspecs import hookimpl
@@ -47,6 +50,8 @@ __all__ = [
     "DGPOConfig",
     "GRPOGuardConfig",
     "FlowDPPOConfig",
+    "TreeGRPOConfig",
+    "BranchGRPOConfig",
 ]
 
 
@@ -189,6 +194,22 @@ def register_components() -> list[Component]:
             FlowDPPOConfig,
             "Flow-DPPO: Flow-GRPO's SDE steps with a KL-masked trust region (exact Gaussian step KL) "
             "in place of the ratio clip.",
+        ),
+        Component(
+            "surrogate",
+            "tree_grpo",
+            build_flow_grpo,
+            TreeGRPOConfig,
+            "TreeGRPO: the group as one tree of SDE branchings (shared prefixes, ODE between), each edge "
+            "trained once with the mean advantage of its leaves (tree_branch_steps: any flow_grpo run).",
+        ),
+        Component(
+            "surrogate",
+            "branch_grpo",
+            build_flow_grpo,
+            BranchGRPOConfig,
+            "BranchGRPO: the group as one tree, DanceGRPO's SDE on every step, node advantages z-scored "
+            "per depth, optional depth pruning (tree_prune_steps).",
         ),
         Component(
             "surrogate",

@@ -26,12 +26,14 @@ micro-batch, as the surrogate contract has it); MixGRPO's window bounds that to 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from vgrpo_platform.algo import sde
+from vgrpo_platform.algo import sde, step_rewards, tree
 from vgrpo_platform.algo.surrogates.configs import FlowGRPOConfig
+from vgrpo_platform.errors import RecipeError
 from vgrpo_platform.finetune import reference_mode
 from vgrpo_platform.protocols import (
     Adapter,
@@ -54,6 +56,13 @@ class FlowGRPOState(BatchState):
     train_mask: torch.Tensor | None = None  # [B, T] float, 1 where the sample trains the step (prepare)
     ref_mean: torch.Tensor | None = None  # [B, T, *L], the reference's step means (kl_beta > 0)
     old_mean: torch.Tensor | None = None  # [B, T, *L], the rollout's step means (ratio_norm)
+    node_id: torch.Tensor | None = None  # [B, T] long, tree rollouts: each step's node (algo/tree.py)
+    step_advantage: torch.Tensor | None = None  # [B, T], tree rollouts: each edge's node advantage (prepare)
+    edge_weight: torch.Tensor | None = None  # [B], tree rollouts: G / (trained edges of the tree) (prepare)
+    step_reward: torch.Tensor | None = (
+        None  # [B, T], step_rewards: each scored step's reward gain (score_steps)
+    )
+    step_scored: torch.Tensor | None = None  # [B, T] float, step_rewards: 1 where the step was scored
 
 
 def euler_grid(
@@ -129,6 +138,9 @@ class FlowGRPOSurrogate(SurrogateBase):
         self._random_start: int | None = None  # Flow-GRPO-Fast's branch step of this iteration
         # "group": one initial noise per prompt group (``rollout.generate_with_extras`` noise_scope)
         self.initial_noise = "group" if self.config.shared_initial_noise else "sample"
+        if self.config.tree_branch_steps is not None:  # a tree's root is its group's one noise
+            self.initial_noise = "group"
+            self.rollout_block = tree.leaf_count(self.config.tree_branching, self.config.tree_branch_steps)
 
     def begin_iteration(self, iteration: int) -> None:
         """Called by the loop before each rollout: places MixGRPO's window (resume-exact)."""
@@ -197,6 +209,8 @@ class FlowGRPOSurrogate(SurrogateBase):
 
         Step noise is drawn on ``generator``'s device and moved, so a seed reproduces a rollout anywhere.
         """
+        if self.config.tree_branch_steps is not None:
+            return self._tree_rollout(adapter, noise, cond, sampler, generator)
         b, steps, device = noise.shape[0], sampler.steps, noise.device
         latent_ndim = noise.ndim - 1
         z = noise.to(torch.promote_types(noise.dtype, torch.float32))  # [B, *L], float32 at least
@@ -229,6 +243,88 @@ class FlowGRPOSurrogate(SurrogateBase):
         )
         return z.to(noise.dtype), state
 
+    @torch.no_grad()
+    def _tree_rollout(
+        self,
+        adapter: Adapter,
+        noise: torch.Tensor,
+        cond: Conditioning,
+        sampler: SamplerSpec,
+        generator: torch.Generator,
+    ) -> tuple[torch.Tensor, FlowGRPOState]:
+        """TreeGRPO / BranchGRPO: each block of ``G`` rows is one tree (``algo/tree.py``), rooted at the
+        block's first noise. Every step runs once per node, not per leaf: a shared prefix is computed
+        once and its latents, noise and log-probs are copied to the leaves below it."""
+        cfg = self.config
+        assert cfg.tree_branch_steps is not None
+        b, steps, device = noise.shape[0], sampler.steps, noise.device
+        k, branches = cfg.tree_branching, cfg.tree_branch_steps
+        leaves = tree.leaf_count(k, branches)
+        if b % leaves:
+            raise RecipeError(
+                f"a tree rollout of {leaves} leaves got {b} rows: set rollout.group_size = {leaves} "
+                f"(tree_branching ** len(tree_branch_steps))"
+            )
+        if branches[-1] >= steps:
+            raise RecipeError(
+                f"tree_branch_steps {branches} reach past rollout.steps = {steps}: branch at steps < {steps}"
+            )
+        latent_ndim = noise.ndim - 1
+        grid = euler_grid(adapter, steps, device, torch.promote_types(noise.dtype, torch.float32))
+        stochastic = torch.zeros(steps, dtype=torch.bool)
+        stochastic[branches] = True
+        if cfg.tree_sde == "all":
+            stochastic[:] = True
+        if cfg.sde_kind == "cps":  # the CPS step to t = 0 is deterministic
+            if branches[-1] == steps - 1:
+                raise RecipeError("CPS steps cannot branch at the last step (its std is 0): move it earlier")
+            stochastic &= (grid[1:] > 0).cpu()
+        ids = tree.node_ids(steps, branches, k).to(device)  # [G, T]
+        rows = torch.arange(b, device=device)
+        trees, leaf = rows // leaves, rows % leaves  # [B] each
+        z = noise[::leaves].to(grid.dtype)  # [n_trees, *L]: the roots, one per tree
+        owner = torch.arange(z.shape[0], device=device) * leaves  # a row of each node's tree, for its cond
+        per_step: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (z, log-prob, mean) per node
+        start = z
+        for i in range(steps):
+            n = z.shape[0]
+            t, t_next = grid[i].expand(n), grid[i + 1].expand(n)
+            node_cond = {key: v[owner.to(v.device)] for key, v in cond.items()}
+            if stochastic[i]:
+                mean, std, _ = self._step_stats(
+                    adapter, z, t, t_next, grid[1].expand(n), node_cond, noise.dtype
+                )
+                copies = k if i in branches else 1
+                mean = mean.repeat_interleave(copies, dim=0)
+                std = std.repeat_interleave(copies)
+                owner = owner.repeat_interleave(copies)
+                eps = torch.randn(mean.shape, generator=generator, device=generator.device).to(
+                    device, z.dtype
+                )
+                z = mean + std.reshape(-1, *(1,) * latent_ndim) * eps
+                per_step.append((z, self._log_prob(z, mean, std, latent_ndim), mean))
+            else:
+                v = adapter.predict(z.to(noise.dtype), t, node_cond).to(z.dtype)
+                z = sde.ode_step(z, v, t, t_next)
+                per_step.append((z, torch.zeros(n, device=device, dtype=z.dtype), z))
+        # leaf row -> its node in each step's node array (tree-major, a node's children contiguous)
+        nodes_per_tree = ids.max(dim=0).values + 1  # [T]
+        node_index = trees[:, None] * nodes_per_tree[None, :] + ids[leaf]  # [B, T]
+        trajectory = [start[trees]] + [per_step[i][0][node_index[:, i]] for i in range(steps)]
+        state = FlowGRPOState(
+            trajectory=torch.stack(trajectory, dim=1),  # [B, T+1, *L]
+            timesteps=grid.expand(b, steps + 1).clone(),
+            old_log_prob=torch.stack([per_step[i][1][node_index[:, i]] for i in range(steps)], dim=1),
+            sde_mask=stochastic.to(device=device, dtype=torch.float32).expand(b, steps).clone(),
+            old_mean=(
+                torch.stack([per_step[i][2][node_index[:, i]] for i in range(steps)], dim=1)
+                if self._needs_old_mean
+                else None
+            ),
+            node_id=ids[leaf],  # [B, T], within each tree
+        )
+        return state.trajectory[:, -1].to(noise.dtype), state
+
     def prepare(self, batch: RolloutBatch, adapter: Adapter, generator: torch.Generator) -> None:
         """Checks the rollout's state, picks the steps each sample trains (``train_mask``) and, with
         ``kl_beta > 0``, stores the reference's step means on them (both in ``batch.state``).
@@ -250,6 +346,13 @@ class FlowGRPOSurrogate(SurrogateBase):
             chosen = random_step_subset(every, cfg.train_fraction, generator)  # [N, T]
             candidates = chosen if batch.rows is None else batch.rows.local(chosen, len(batch))
         state.train_mask = candidates.to(torch.float32)
+        if state.node_id is not None:
+            self._prepare_tree(batch, state)
+        if state.step_reward is not None and state.step_scored is not None:  # DenseGRPO: scored steps only
+            state.train_mask = state.train_mask * state.step_scored
+            state.step_advantage = step_rewards.step_advantages(
+                state.step_reward, state.step_scored[0] > 0, batch.group_ids.to(state.step_reward.device)
+            )
         if cfg.kl_beta <= 0:
             return
         traj, grid = state.trajectory, state.timesteps
@@ -266,6 +369,97 @@ class FlowGRPOSurrogate(SurrogateBase):
                     batch.latents.dtype,
                 )[0]
         state.ref_mean = means
+
+    @torch.no_grad()
+    def score_steps(
+        self, batch: RolloutBatch, adapter: Adapter, score: Callable[[torch.Tensor], torch.Tensor]
+    ) -> None:
+        """DenseGRPO (``step_rewards``): the reward of the clean sample each needed latent leads to, and
+        each scored step's gain ``R_{j+1} - R_j`` (``algo/step_rewards.py``), in ``batch.state``.
+
+        ``score`` maps clean latents ``[B, *L]`` (the batch's rows, in order) to their total reward ``[B]``;
+        the final latents' reward is the batch's own (``batch.rewards``), not scored again.
+        """
+        cfg = self.config
+        if not cfg.step_rewards:
+            return
+        state = batch.state_as(FlowGRPOState, "FlowGRPOSurrogate.score_steps", written_by="its rollout()")
+        traj, grid = state.trajectory, state.timesteps
+        steps = traj.shape[1] - 1
+        trainable = trainable_steps(state.sde_mask, cfg.train_last_step).any(dim=0)  # [T]
+        wanted = cfg.step_reward_steps if cfg.step_reward_steps is not None else range(steps)
+        late = [j for j in wanted if j >= steps]
+        if late:
+            raise RecipeError(
+                f"step_reward_steps {late} are past rollout.steps = {steps}: use steps < {steps}"
+            )
+        chosen = [j for j in wanted if bool(trainable[j])]
+        if not chosen:
+            raise RecipeError("step_rewards scores no trainable SDE step: pick step_reward_steps among them")
+        indices = step_rewards.latent_indices(chosen)
+        device = traj.device
+        rewards = []
+        for i in indices:
+            if i == steps:  # the sample itself
+                rewards.append(batch.rewards.to(device, torch.float32))
+            else:
+                clean = self._completion(adapter, traj[:, i], grid, i, batch.cond, batch.latents.dtype)
+                rewards.append(score(clean).to(device, torch.float32))
+        state.step_reward = step_rewards.reward_gains(torch.stack(rewards, dim=1), indices, chosen, steps)
+        scored = torch.zeros(steps, device=device)
+        scored[chosen] = 1.0
+        state.step_scored = scored.expand(len(batch), steps).clone()
+
+    def _completion(
+        self,
+        adapter: Adapter,
+        z: torch.Tensor,
+        grid: torch.Tensor,
+        i: int,
+        cond: Conditioning,
+        model_dtype: torch.dtype,
+    ) -> torch.Tensor:
+        """The clean sample latent ``z_i`` ``[B, *L]`` leads to: Euler ODE steps over the rest of the grid
+        (``step_reward_target = "ode"``) or the one-step x-prediction ``z - t v`` (``"x0"``)."""
+        last = grid.shape[1] - 1 if self.config.step_reward_target == "ode" else i + 1
+        for k in range(i, last):
+            t = grid[:, k]
+            v = adapter.predict(z.to(model_dtype), t, cond).to(z.dtype)
+            t_next = grid[:, k + 1] if self.config.step_reward_target == "ode" else torch.zeros_like(t)
+            z = sde.ode_step(z, v, t, t_next)  # to t_next = 0: z - t v, the x-prediction
+        return z.to(model_dtype)
+
+    def _prepare_tree(self, batch: RolloutBatch, state: FlowGRPOState) -> None:
+        """Tree rollouts: each edge trained once (by the first leaf below it), with its node's advantage
+        (``step_advantage``), and ``edge_weight`` making the loss the mean over the tree's trained edges."""
+        cfg, node_id = self.config, state.node_id
+        assert node_id is not None
+        if batch.advantages is None:
+            raise ValueError("a tree rollout's prepare needs batch.advantages (the leaves' advantages)")
+        group_ids = batch.group_ids.to(node_id.device)
+        sizes = torch.unique(group_ids, return_counts=True)[1]
+        if bool((sizes != self.rollout_block).any()):
+            raise RecipeError(
+                f"a tree rollout has {self.rollout_block} leaves per group but the batch holds groups of "
+                f"{sorted(set(sizes.tolist()))}: set rollout.group_size = {self.rollout_block}"
+            )
+        assert state.train_mask is not None  # prepare sets it first
+        mask = (state.train_mask > 0) & tree.first_of_node(group_ids, node_id)
+        pruned = [j for j in cfg.tree_prune_steps if j < mask.shape[1]]
+        mask[:, pruned] = False
+        state.train_mask = mask.to(torch.float32)
+        state.step_advantage = tree.node_advantages(
+            batch.advantages.to(node_id.device), group_ids, node_id, cfg.tree_advantage
+        )
+        _, inverse = torch.unique(group_ids, return_inverse=True)
+        edges = torch.zeros(int(inverse.max()) + 1, device=mask.device).index_add_(
+            0, inverse, mask.sum(dim=1).to(torch.float32)
+        )[inverse]  # [B], trained edges of each row's tree
+        if bool((edges == 0).any()):
+            raise RecipeError(
+                "a tree rollout has no edge left to train: prune fewer steps (tree_prune_steps)"
+            )
+        state.edge_weight = self.rollout_block / edges
 
     def _train_mask(self, state: FlowGRPOState) -> torch.Tensor:
         """``[B, T]`` bool; without ``prepare`` (direct calls) every trainable SDE step."""
@@ -298,6 +492,7 @@ class FlowGRPOSurrogate(SurrogateBase):
         latent_ndim = traj.ndim - 2
         adv_all = batch.advantages.float().clamp(-cfg.adv_clip, cfg.adv_clip)  # [B]
         policy_terms, kls, ratios, log_ratios = [], [], [], []
+        weights: list[torch.Tensor] = []  # tree rollouts: each trained edge's weight (edge_weight)
         kl_olds: list[torch.Tensor] = []  # exact step KL to the rollout policy (ratio_norm, kl_mask)
         dropped: list[torch.Tensor] = []  # Flow-DPPO's masked (sample, step) pairs
         for j, rows in self._trained_rows(state):
@@ -320,7 +515,12 @@ class FlowGRPOSurrogate(SurrogateBase):
                 assert old_kl is not None
                 log_ratio = (log_ratio + old_kl) * std.to(log_ratio.dtype)
             rho = torch.exp(log_ratio)
-            adv = adv_all[rows]
+            if state.step_advantage is None:
+                adv = adv_all[rows]
+            else:  # tree rollouts: the advantage of the node this step's edge leads to
+                adv = state.step_advantage[rows, j].float().clamp(-cfg.adv_clip, cfg.adv_clip)
+            if state.edge_weight is not None:
+                weights.append(state.edge_weight[rows])
             unclipped = -adv * rho
             if cfg.trust_region == "kl_mask":  # Flow-DPPO: drop far, further-pushing steps; no clip
                 assert old_kl is not None
@@ -347,8 +547,15 @@ class FlowGRPOSurrogate(SurrogateBase):
                     kls.append(kl)
         if not policy_terms:
             raise ValueError("no SDE step to train: the rollout recorded none (sde_mask is all zero)")
-        policy = torch.cat(policy_terms).mean()  # mean over trained (sample, step) pairs
-        kl = torch.cat(kls).mean() if kls else torch.zeros((), device=policy.device)
+        if weights:  # tree rollouts: the mean over the trees' trained edges, linear in the rows
+            weight = torch.cat(weights)
+            policy = (torch.cat(policy_terms) * weight).sum() / len(batch)
+            kl = (
+                (torch.cat(kls) * weight).sum() / len(batch) if kls else torch.zeros((), device=policy.device)
+            )
+        else:
+            policy = torch.cat(policy_terms).mean()  # mean over trained (sample, step) pairs
+            kl = torch.cat(kls).mean() if kls else torch.zeros((), device=policy.device)
         loss = policy + cfg.kl_beta * kl
         with torch.no_grad():
             rho = torch.cat(ratios)
@@ -368,6 +575,9 @@ class FlowGRPOSurrogate(SurrogateBase):
                 metrics["kl_old_mean"] = float(torch.cat(kl_olds).mean())
             if dropped:
                 metrics["masked_fraction"] = float(torch.cat(dropped).float().mean())
+            if state.step_reward is not None and state.step_scored is not None:  # DenseGRPO's gains
+                scored = state.step_scored > 0
+                metrics["step_reward_abs_gain"] = float(state.step_reward[scored].abs().mean())
         return loss, metrics
 
 
