@@ -511,10 +511,12 @@ def validate_components(
     )
 
     modality = getattr(adapter.config, "modality", None)
+    # a joint model's samples carry companions (LTX-2's video carries its audio): rewards of those fit too
+    made = {modality, *getattr(adapter.config, "companion_modalities", ())}
     for where, group in (("rewards", rewards), ("eval.rewards", eval_rewards)):
         for i, reward in enumerate(group):
             accepts = getattr(reward.config, "modalities", None)
-            if isinstance(modality, str) and accepts and modality not in accepts:
+            if isinstance(modality, str) and accepts and not made & set(accepts):
                 raise RecipeError(
                     f"{prefix}{where}.{i}: reward '{reward.spec.name}' scores {'/'.join(sorted(accepts))} "
                     f"but adapter '{adapter.spec.name}' makes {modality}; pick a reward for {modality}"

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool, ProcessPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -249,7 +249,7 @@ class ProcessScorer(Scorer):
         which: str = TRAIN,
         group_size: int | None = None,
     ) -> ScoreJob:
-        samples = replace(samples, data=samples.data.detach().cpu())  # shared memory, not a device copy
+        samples = samples.map_tensors(lambda x: x.detach().cpu())  # shared memory, not a device copy
         prompts = list(prompts)
         future = self._send(which, samples, prompts, step, group_size)
         return ScoreJob(which, samples, prompts, step, future, group_size)
@@ -382,9 +382,9 @@ class GroupFeeder:
     def _flush(self, upto: int) -> None:
         held = _concat(self._held)
         take = upto - self._sent
-        now = replace(held, data=held.data[:take])
-        rest = held.data[take:]
-        self._held = [replace(held, data=rest)] if len(rest) else []
+        now = held.select(slice(0, take))
+        rest = held.select(slice(take, None))
+        self._held = [rest] if len(rest) else []
         prompts = self.prompts[self._sent : upto]
         self.jobs.append(self.scorer.submit(now, prompts, step=self.step, group_size=self.group_size))
         self._sent = upto
@@ -398,4 +398,4 @@ class GroupFeeder:
 def _concat(parts: Sequence[Samples]) -> Samples:
     if len(parts) == 1:
         return parts[0]
-    return replace(parts[0], data=torch.cat([p.data for p in parts]))
+    return Samples.concat(parts)
