@@ -471,7 +471,9 @@ def _resolve_backend(
 def _check_rollout_block(recipe: Recipe, surrogate: ResolvedComponent, prefix: str) -> None:
     """A surrogate whose rollout sees a block of rows together (a tree rollout: the prompt group is one
     tree, docs/method.md section 8) needs groups of exactly that size."""
-    block = int(getattr(surrogate.spec.factory(surrogate.config, None), "rollout_block", 1))
+    # read from the validated options, not a built surrogate: `vgrpo check` must not import torch
+    branch_steps = getattr(surrogate.config, "tree_branch_steps", None) or ()
+    block = int(getattr(surrogate.config, "tree_branching", 1)) ** len(branch_steps) if branch_steps else 1
     if block > 1 and recipe.rollout.group_size != block:
         raise RecipeError(
             f"{prefix}surrogate '{surrogate.spec.name}' rolls each prompt group out as one tree of {block} "
