@@ -21,8 +21,9 @@ from typing import Any
 import torch
 from vgrpo_adapters._diffusers_export import EXPORT_INFO as EXPORT_INFO  # re-exported: its old home
 from vgrpo_adapters._diffusers_export import TransformerExport
+from vgrpo_adapters._weights import ModelWeightsError as ModelWeightsError  # re-exported: its old home
+from vgrpo_adapters._weights import weight_loading_kwargs
 
-from vgrpo_platform.errors import VgrpoError
 from vgrpo_platform.network import CoreCalledAdapter
 from vgrpo_platform.noise_schedules import RectifiedFlowSchedule
 from vgrpo_platform.protocols import BuildContext, Conditioning, Samples
@@ -41,10 +42,6 @@ JOINT_ATTENTION = (
 """LoRA targets of an MMDiT's joint attention, image and text streams (FLUX, SD3, HunyuanVideo layouts);
 the text stream's output projection ``attn.to_add_out`` is left to each adapter (some drop it)."""
 """The pipeline attributes that may hold a (frozen) text encoder."""
-
-
-class ModelWeightsError(VgrpoError):
-    """The model's weights could not be found or read."""
 
 
 # --------------------------------------------------------------------------------------- loading
@@ -73,12 +70,23 @@ def resolve_model(model: str, recipe_dir: str | Path | None) -> str:
     return model
 
 
-def load_pipeline(pipeline_class: type, model: str, *, revision: str | None, dtype: torch.dtype) -> Any:
-    """``pipeline_class.from_pretrained`` with one actionable error when the weights are not there."""
+def load_pipeline(
+    pipeline_class: type,
+    model: str,
+    *,
+    revision: str | None,
+    dtype: torch.dtype,
+    allow_pickle_weights: bool = False,
+) -> Any:
+    """``pipeline_class.from_pretrained`` with one actionable error when the weights are not there (or
+    are pickles the recipe does not trust: ``_weights``)."""
+    safe = weight_loading_kwargs(
+        model, allow_pickle=allow_pickle_weights, key="adapter.options.allow_pickle_weights"
+    )
     try:
         with warnings.catch_warnings():  # diffusers >= 0.36 renames torch_dtype to dtype; older ones lack it
             warnings.filterwarnings("ignore", message=".*torch_dtype.*", category=FutureWarning)
-            return pipeline_class.from_pretrained(model, revision=revision, torch_dtype=dtype)
+            return pipeline_class.from_pretrained(model, revision=revision, torch_dtype=dtype, **safe)
     except (OSError, ValueError) as exc:  # missing files, offline hub, gated repo without a token
         local = Path(model).expanduser().is_absolute() or Path(model).exists()
         how = (
@@ -249,7 +257,13 @@ class DiffusersFlowAdapter(CoreCalledAdapter, TransformerExport):
         device = torch.device(context.device)
         dtype = resolve_dtype(config.dtype, device, context.dtype)
         model = resolve_model(config.model, context.recipe_dir)
-        pipe = load_pipeline(cls.pipeline_class, model, revision=config.revision, dtype=dtype)
+        pipe = load_pipeline(
+            cls.pipeline_class,
+            model,
+            revision=config.revision,
+            dtype=dtype,
+            allow_pickle_weights=config.allow_pickle_weights,
+        )
         return cls(pipe, device=device, **cls.options_from_config(config))
 
     @classmethod

@@ -11,11 +11,12 @@ from __future__ import annotations
 from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
+from vgrpo_adapters._weights import PickleWeightsOption
 
 from vgrpo_platform.registry import PluginConfig
 
 
-class DiffusersModelConfig(PluginConfig):
+class DiffusersModelConfig(PickleWeightsOption):
     """Options every diffusers flow adapter accepts, whatever it generates."""
 
     model: str = Field(

@@ -245,6 +245,26 @@ def assert_exported_lora_reloads(
     assert_reload_matches(adapter, fresh, load, z, t, cond, atol=1e-6, rtol=1e-5)
 
 
+def assert_run_export_reloads(
+    adapter: Any,
+    pipeline_class: type,
+    model: Path,
+    options: Any,
+    run_dir: Path,
+    prompts: Sequence[str],
+    z: torch.Tensor,
+    t: torch.Tensor,
+) -> None:
+    """The LoRA a run exported to ``run_dir/final``, loaded by ``pipeline_class.load_lora_weights`` into a
+    fresh adapter of the run's options on the base weights in ``model``, gives the trained ``adapter``'s
+    predictions (guided alike where the options guide them in training)."""
+    cond = adapter.encode_prompts(prompts)
+    adapter_class = type(adapter)
+    fresh = adapter_class(pipeline_class.from_pretrained(model), **adapter_class.options_from_config(options))
+    load = partial(fresh.pipe.load_lora_weights, run_dir / "final")
+    assert_reload_matches(adapter, fresh, load, z, t, cond, atol=1e-5, rtol=1e-5)
+
+
 def assert_full_export_reloads(adapter_class: type, config: Any, out: Path) -> None:
     """Full fine-tuning of the adapter built from ``config`` exports ``out/transformer`` that
     ``from_pretrained`` reads back with the edit."""

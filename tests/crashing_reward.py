@@ -6,6 +6,7 @@ Module-level factory and options, so the spawned reward worker can rebuild it (t
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +17,13 @@ from vgrpo_platform.registry import Component, PluginConfig
 class Config(PluginConfig):
     die_file: str  # while this file exists, scoring kills the process (exit code 9, no Python cleanup)
     once: bool = True  # delete the file before dying: the next worker scores normally
+    hang_file: str | None = None  # while this file exists, scoring sleeps (a hung reward) instead of dying
+    hang_seconds: float = 60.0
 
 
 class CrashingBrightness:
-    """Mean pixel value, like ``brightness``; ``os._exit`` while ``die_file`` exists."""
+    """Mean pixel value, like ``brightness``; ``os._exit`` while ``die_file`` exists, a long sleep while
+    ``hang_file`` does."""
 
     modalities = frozenset({"image", "video"})
 
@@ -32,6 +36,10 @@ class CrashingBrightness:
             if self.config.once:
                 marker.unlink()
             os._exit(9)
+        if self.config.hang_file is not None and Path(self.config.hang_file).exists():
+            if self.config.once:
+                Path(self.config.hang_file).unlink()
+            time.sleep(self.config.hang_seconds)
         return samples.data.float().flatten(1).mean(1)
 
 

@@ -211,6 +211,22 @@ def _tiny_hunyuan_video15(folder: Path) -> dict[str, Any]:
     return {"model": str(folder), "resolution": HY_SIDE, "num_frames": HY_FRAMES, "max_sequence_length": 64}
 
 
+def _tiny_zimage(folder: Path) -> dict[str, Any]:
+    from tiny_pipelines import RESOLUTION
+    from tiny_zimage import ZIMAGE_TOKENS, build_tiny_zimage
+
+    build_tiny_zimage(folder)
+    return {"model": str(folder), "resolution": RESOLUTION, "max_sequence_length": ZIMAGE_TOKENS}
+
+
+def _tiny_ltx2(folder: Path) -> dict[str, Any]:
+    import tiny_ltx2 as tl
+
+    tl.build_tiny_ltx2(folder)
+    sizes = {"resolution": tl.LTX2_SIDE, "num_frames": tl.LTX2_FRAMES, "fps": tl.LTX2_FPS}
+    return {"model": str(folder), **sizes, "max_sequence_length": tl.LTX2_TOKENS}
+
+
 def _tiny_geneval(folder: Path) -> dict[str, Any]:
     """GenEval with a tiny random Mask2Former, every detection kept, partial credit, the pixel colour rule."""
     from tiny_detectors import save_mask2former
@@ -283,6 +299,8 @@ TINY: dict[tuple[str, str], tuple[Any, Any]] = {
         ),
         {},
     ),
+    ("adapter", "zimage"): (_tiny_zimage, {}),
+    ("adapter", "ltx2"): (_tiny_ltx2, {}),
     ("reward", "brightness"): ({}, {}),
     ("reward", "target_color"): ({}, {}),
     ("reward", "shapes"): ({}, {"prompts": SHAPES_PROMPTS * 2}),

@@ -165,6 +165,32 @@ def test_audio_evaluations_log_a_clip_of_each_first_prompt(tmp_path):
     assert clip.step == 7 and clip.sample_rate == 8000 and clip.length_frames == 800
 
 
+def test_a_videos_soundtrack_is_logged_as_audio(tmp_path):
+    """A joint audio-video model's clips (``Samples.audio``, ``ltx2``): the soundtrack is logged as audio."""
+    pytest.importorskip("tensorboard", reason='pip install "vgrpo[tensorboard]"')
+    import torch
+    from accelerate import Accelerator
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from vgrpo_platform.protocols import Samples
+    from vgrpo_platform.training.observe.tracking import Tracking
+
+    accelerator = Accelerator(cpu=True, **Tracking.accelerator_kwargs(["tensorboard"], tmp_path))
+    logged = Tracking(accelerator, ["tensorboard"], "av", tmp_path)
+    logged.start(run_name="a", config={"x": 1}, resumed_at=None)
+    frames = torch.rand(4, 3, 3, 8, 8, generator=torch.Generator().manual_seed(0))  # [B, F, 3, H, W]
+    waves = torch.linspace(-0.5, 0.5, 4 * 2 * 400).reshape(4, 2, 400)  # 2 prompts x 2 samples, stereo
+    logged.log_samples(
+        3, None, Samples("video", frames, fps=8.0, sample_rate=8000, audio=waves), group_size=2
+    )
+    logged.finish()
+    events = EventAccumulator(str(tmp_path / "tensorboard" / "av"), size_guidance={"audio": 0})
+    events.Reload()
+    assert sorted(events.Tags()["audio"]) == ["eval/clip_0", "eval/clip_1"]
+    (clip,) = events.Audio("eval/clip_1")
+    assert clip.step == 3 and clip.sample_rate == 8000 and clip.length_frames == 400
+
+
 def _image_samples(n_prompts: int, group: int) -> object:
     import torch
 

@@ -31,15 +31,55 @@ class Samples:
 
     image: ``data`` ``[B, 3, H, W]`` float in ``[0, 1]``; video: ``[B, F, 3, H, W]`` in ``[0, 1]``;
     audio: ``[B, channels, samples]`` in ``[-1, 1]`` with ``sample_rate`` set.
+
+    A video may carry its soundtrack (a joint audio-video model such as LTX-2): ``audio``
+    ``[B, channels, samples]`` in ``[-1, 1]`` at ``sample_rate``. Rewards of either modality score it
+    (``for_modalities``): a video reward sees the clip (and may read ``audio``), an audio reward the
+    soundtrack alone, as an audio ``Samples``.
     """
 
     modality: str
     data: torch.Tensor
     sample_rate: int | None = None
     fps: float | None = None
+    audio: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.data.shape[0])
+
+    @property
+    def modalities(self) -> frozenset[str]:
+        """What these samples can be scored as: their modality, and ``"audio"`` with a soundtrack."""
+        return frozenset({self.modality} | ({"audio"} if self.audio is not None else set()))
+
+    def for_modalities(self, accepted: frozenset[str] | set[str]) -> Samples | None:
+        """These samples as a reward that scores ``accepted`` sees them: themselves when their own
+        modality is accepted, their soundtrack as audio samples when only audio is, else None."""
+        if self.modality in accepted:
+            return self
+        if self.audio is not None and "audio" in accepted:
+            return Samples("audio", self.audio, sample_rate=self.sample_rate)
+        return None
+
+    def select(self, rows: Any) -> Samples:
+        """The samples at ``rows`` (a slice or an index tensor), the soundtrack with them."""
+        audio = None if self.audio is None else self.audio[rows]
+        return dataclasses.replace(self, data=self.data[rows], audio=audio)
+
+    @classmethod
+    def concat(cls, parts: Sequence[Samples]) -> Samples:
+        """One batch from chunks of the same kind, the soundtracks joined too."""
+        import torch  # only once tensors exist: this module stays torch-free at import time
+
+        first = parts[0]
+        audio = None if first.audio is None else torch.cat([p.audio for p in parts if p.audio is not None])
+        return dataclasses.replace(first, data=torch.cat([p.data for p in parts]), audio=audio)
+
+    def map_tensors(self, fn: Any) -> Samples:
+        """``fn`` applied to ``data`` and ``audio`` (a device move, a detach)."""
+        return dataclasses.replace(
+            self, data=fn(self.data), audio=None if self.audio is None else fn(self.audio)
+        )
 
 
 @dataclass(frozen=True)

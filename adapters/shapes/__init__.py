@@ -12,15 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import Field
+from vgrpo_adapters._weights import PickleWeightsOption
 
 from vgrpo_platform.hookspecs import hookimpl
-from vgrpo_platform.registry import Component, PluginConfig
+from vgrpo_platform.registry import Component
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 """The shipped model: ``transformer/``, ``text_encoder/``, ``tokenizer/`` (written by ``pretrain-shapes``)."""
 
 
-class Config(PluginConfig):
+class Config(PickleWeightsOption):
     """Options of ``[adapter.options]`` for ``name = "shapes"``."""
 
     model_path: str | None = Field(

@@ -33,4 +33,5 @@ def load_shapes_adapter(config: Config, context: BuildContext) -> ToyAdapter:
         shift=config.shift,
         device=context.device,
         dtype=context.dtype,
+        allow_pickle_weights=config.allow_pickle_weights,
     )

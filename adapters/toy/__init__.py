@@ -8,12 +8,13 @@ built from configs with a fixed seed, saved, and loaded back through ``from_pret
 from __future__ import annotations
 
 from pydantic import Field
+from vgrpo_adapters._weights import PickleWeightsOption
 
 from vgrpo_platform.hookspecs import hookimpl
-from vgrpo_platform.registry import Component, PluginConfig
+from vgrpo_platform.registry import Component
 
 
-class ToyAdapterConfig(PluginConfig):
+class ToyAdapterConfig(PickleWeightsOption):
     """Options of ``[adapter.options]`` for ``name = "toy"``."""
 
     model_path: str | None = Field(

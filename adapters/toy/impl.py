@@ -20,6 +20,7 @@ import torch
 from diffusers import SD3Transformer2DModel
 from transformers import CLIPTextModelWithProjection, CLIPTokenizer
 from vgrpo_adapters._diffusers_export import LORA_FILE, TransformerExport
+from vgrpo_adapters._weights import weight_loading_kwargs
 from vgrpo_adapters.toy import ToyAdapterConfig
 from vgrpo_adapters.toy.build import build_toy_model, is_built
 
@@ -83,15 +84,20 @@ class ToyAdapter(CoreCalledAdapter, TransformerExport):
         device: torch.device | str = "cpu",
         dtype: torch.dtype | None = None,
         owned_dir: tempfile.TemporaryDirectory | None = None,
+        allow_pickle_weights: bool = False,
     ) -> ToyAdapter:
-        """Load a folder with ``transformer/``, ``text_encoder/``, ``tokenizer/`` (``from_pretrained``)."""
+        """Load a folder with ``transformer/``, ``text_encoder/``, ``tokenizer/`` (``from_pretrained``);
+        safetensors only unless ``allow_pickle_weights`` (``vgrpo_adapters._weights``)."""
         path = Path(path)
         missing = [sub for sub in ("transformer", "text_encoder", "tokenizer") if not (path / sub).is_dir()]
         if missing:
             raise FileNotFoundError(f"toy model folder {path} lacks the subfolder(s) {', '.join(missing)}")
+        safe = weight_loading_kwargs(
+            path, allow_pickle=allow_pickle_weights, key="adapter.options.allow_pickle_weights"
+        )
         dtype = dtype or torch.float32
-        transformer = SD3Transformer2DModel.from_pretrained(path / "transformer", torch_dtype=dtype)
-        text_encoder = CLIPTextModelWithProjection.from_pretrained(path / "text_encoder", dtype=dtype)
+        transformer = SD3Transformer2DModel.from_pretrained(path / "transformer", torch_dtype=dtype, **safe)
+        text_encoder = CLIPTextModelWithProjection.from_pretrained(path / "text_encoder", dtype=dtype, **safe)
         tokenizer = CLIPTokenizer.from_pretrained(path / "tokenizer")
         return cls(
             transformer.to(device),
@@ -135,6 +141,7 @@ class ToyAdapter(CoreCalledAdapter, TransformerExport):
             device=context.device,
             dtype=context.dtype,
             owned_dir=owned_dir,
+            allow_pickle_weights=config.allow_pickle_weights,
         )
 
     def latent_shape(self) -> tuple[int, ...]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import os
+import signal
 import sys
 import types
 import typing
@@ -86,12 +87,26 @@ def user_errors(debug: bool = False) -> Iterator[None]:
         if debug or _DEBUG or _debug_env():  # read now: an inner command may have set --debug
             raise
         raise _fail(str(exc), EXIT_USER_ERROR) from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         if debug or _DEBUG or _debug_env():
             raise
-        raise _fail(
-            "interrupted (Ctrl-C); a run resumes from its last checkpoint with --resume", EXIT_INTERRUPTED
-        ) from None
+        raise _interrupted(exc) from None
+
+
+def _interrupted(exc: KeyboardInterrupt) -> typer.Exit:
+    """The one line for a stop by Ctrl-C or SIGTERM (``training.recovery.interrupts.Interrupted`` names the
+    signal). Later signals are ignored from here on: the process is on its way out, and one arriving while
+    it reports or joins its workers would otherwise end it with a traceback, or killed by SIGINT (-2)."""
+    for s in (signal.SIGINT, signal.SIGTERM):
+        try:
+            signal.signal(s, signal.SIG_IGN)
+        except ValueError:  # not the main thread
+            break
+    name = getattr(exc, "signal_name", "SIGINT")
+    what = "Ctrl-C" if name == "SIGINT" else name
+    return _fail(
+        f"interrupted ({what}); a run resumes from its last checkpoint with --resume", EXIT_INTERRUPTED
+    )
 
 
 def _print_version(value: bool) -> None:
@@ -620,6 +635,10 @@ def main() -> None:
             app()
     except typer.Exit as exc:  # raised by user_errors outside click's own handling
         sys.exit(exc.exit_code)
+    except KeyboardInterrupt as exc:  # a second Ctrl-C while the first was being reported
+        if _DEBUG or _debug_env():
+            raise
+        sys.exit(_interrupted(exc).exit_code)
 
 
 if __name__ == "__main__":

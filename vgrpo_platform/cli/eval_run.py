@@ -48,10 +48,13 @@ def evaluate_recipe(
     from accelerate import Accelerator
 
     from vgrpo_platform.cli.sample import trained_session
+    from vgrpo_platform.parallel.data_parallel import process_group_kwargs
 
     recipe = resolved.recipe
     device = resolve_device(recipe.run.device)
-    accelerator = Accelerator(cpu=device.type == "cpu")  # under `accelerate launch` ranks share the prompts
+    accelerator = Accelerator(  # under `accelerate launch` ranks share the prompts
+        cpu=device.type == "cpu", kwargs_handlers=process_group_kwargs(recipe.train.collective_timeout_s)
+    )
     context = BuildContext(
         device=accelerator.device, seed=recipe.run.seed, run_dir=None, recipe_dir=resolved.recipe_dir
     )

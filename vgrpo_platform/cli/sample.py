@@ -204,6 +204,10 @@ def write_samples(samples: Samples, out: Path, prompts: Sequence[str]) -> list[P
             Image.fromarray(array).save(path)
         elif samples.modality == "video":
             path = media.write_video(data[i], out / f"{i:05d}.mp4", fps=samples.fps or 16.0)
+            if samples.audio is not None and samples.sample_rate:  # its soundtrack, beside it
+                media.write_audio(
+                    samples.audio[i].detach().float().cpu(), path.with_suffix(".wav"), samples.sample_rate
+                )
         elif samples.modality == "audio" and samples.sample_rate:
             path = media.write_audio(data[i], out / f"{i:05d}.wav", samples.sample_rate)
         else:

@@ -13,6 +13,7 @@ import copy
 import datetime as _dt
 import difflib
 import json
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -164,8 +165,32 @@ def _validate(data: dict[str, Any], overrides: Sequence[str], source: str) -> Re
 # --------------------------------------------------------------------------- prompts
 
 
-def _read_prompt_file(rel: str, key: str, recipe_dir: Path) -> list[str]:
-    path = Path(rel) if Path(rel).is_absolute() else recipe_dir / rel
+def confined(rel: str, key: str, recipe_dir: Path, *, allow_outside: bool, fix: str) -> Path:
+    """The file a recipe path names, refused when a symlink takes it out of the recipe's folder.
+
+    Why: a recipe folder someone hands over can link ``prompts.txt`` to a private file; its lines end up
+    in logs, model cards and the Hub. A path written *inside* the folder must stay inside once every
+    symlink is resolved. A path written to leave it (``../data/p.txt``, an absolute path) is the recipe's
+    visible choice and is read as written, except through a symlink followed by ``..`` (which would hide
+    where it lands). ``allow_outside`` (``fix`` names its key) lifts the rule.
+    """
+    folder = recipe_dir.resolve()
+    joined = Path(rel).expanduser() if Path(rel).expanduser().is_absolute() else folder / rel
+    written = Path(os.path.abspath(joined))  # ``..`` collapsed as written, no symlink followed
+    real = joined.resolve()
+    if allow_outside or real == written:
+        return joined
+    stays = folder in written.parents
+    if (stays and folder not in real.parents) or (not stays and written.resolve() != real):
+        raise RecipeError(
+            f"{key} '{rel}': a symlink takes it outside the recipe's folder {folder} (to {real}); copy the "
+            f"file into the recipe's folder, or set {fix} = true if you trust where it points"
+        )
+    return joined
+
+
+def _read_prompt_file(rel: str, key: str, recipe_dir: Path, allow_outside: bool = False) -> list[str]:
+    path = confined(rel, key, recipe_dir, allow_outside=allow_outside, fix="prompts.allow_outside")
     suffix = path.suffix.lower()
     if suffix not in (".txt", ".jsonl"):
         raise RecipeError(f"{key} '{rel}': unsupported file type '{suffix}'; use a .txt or .jsonl file")
@@ -215,11 +240,12 @@ def load_prompts(section: PromptsSection, recipe_dir: str | Path) -> tuple[list[
     """
     recipe_dir = Path(recipe_dir)
     train = list(section.train)
+    outside = section.allow_outside
     if section.train_file:
-        train += _read_prompt_file(section.train_file, "prompts.train_file", recipe_dir)
+        train += _read_prompt_file(section.train_file, "prompts.train_file", recipe_dir, outside)
     evals = list(section.eval)
     if section.eval_file:
-        evals += _read_prompt_file(section.eval_file, "prompts.eval_file", recipe_dir)
+        evals += _read_prompt_file(section.eval_file, "prompts.eval_file", recipe_dir, outside)
     return train, (evals or list(train))
 
 
@@ -447,7 +473,9 @@ def _resolve_backend(
 def _check_rollout_block(recipe: Recipe, surrogate: ResolvedComponent, prefix: str) -> None:
     """A surrogate whose rollout sees a block of rows together (a tree rollout: the prompt group is one
     tree, docs/method.md section 8) needs groups of exactly that size."""
-    block = int(getattr(surrogate.spec.factory(surrogate.config, None), "rollout_block", 1))
+    # read from the validated options, not a built surrogate: `vgrpo check` must not import torch
+    branch_steps = getattr(surrogate.config, "tree_branch_steps", None) or ()
+    block = int(getattr(surrogate.config, "tree_branching", 1)) ** len(branch_steps) if branch_steps else 1
     if block > 1 and recipe.rollout.group_size != block:
         raise RecipeError(
             f"{prefix}surrogate '{surrogate.spec.name}' rolls each prompt group out as one tree of {block} "
@@ -487,10 +515,12 @@ def validate_components(
     )
 
     modality = getattr(adapter.config, "modality", None)
+    # a joint model's samples carry companions (LTX-2's video carries its audio): rewards of those fit too
+    made = {modality, *getattr(adapter.config, "companion_modalities", ())}
     for where, group in (("rewards", rewards), ("eval.rewards", eval_rewards)):
         for i, reward in enumerate(group):
             accepts = getattr(reward.config, "modalities", None)
-            if isinstance(modality, str) and accepts and modality not in accepts:
+            if isinstance(modality, str) and accepts and not made & set(accepts):
                 raise RecipeError(
                     f"{prefix}{where}.{i}: reward '{reward.spec.name}' scores {'/'.join(sorted(accepts))} "
                     f"but adapter '{adapter.spec.name}' makes {modality}; pick a reward for {modality}"

@@ -53,6 +53,8 @@ class PromptsSection(Section):
     eval: list[str] = Field(default_factory=list)  # held-out prompts; empty = first train prompts
     eval_file: str | None = None
     shuffle: bool = True
+    # follow a prompt file's symlinks out of the recipe's folder (refused by default: config.recipe.confined)
+    allow_outside: bool = False
 
 
 class RolloutSection(Section):
@@ -135,6 +137,11 @@ class TrainSection(Section):
     on_fault: Literal["stop", "skip"] = "stop"
     max_consecutive_skips: int = Field(3, ge=1)  # "skip" still stops after this many faults in a row
     offload_rewards: bool = False  # reward models in host memory except while scoring: frees their GPU memory
+    # seconds a collective (gather, barrier, gradient all-reduce) waits for every process before it fails:
+    # a paused or hung rank stops the others after this long, not gloo's 30 minutes; longer than
+    # scoring.timeout_s plus a worker's restart, so a rank replacing a hung reward worker is waited for;
+    # None = torch's default
+    collective_timeout_s: float | None = Field(900.0, gt=0)
     data_anchor: DataAnchorSection = Field(default_factory=DataAnchorSection)
 
     @field_validator("attention_backend")
@@ -163,6 +170,9 @@ class ScoringSection(Section):
         1, ge=0
     )  # worker deaths survived per run before the RewardError (train.on_fault)
     worker_threads: int | None = Field(None, ge=1)  # torch threads in the worker; None = torch's default
+    # seconds one batch may wait for the worker's scores before the worker counts as dead (killed, restarted
+    # under max_restarts); None = wait forever. "process" only: a thread cannot be stopped
+    timeout_s: float | None = Field(600.0, gt=0)
 
 
 class ParallelSection(Section):

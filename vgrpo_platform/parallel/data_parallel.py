@@ -100,7 +100,22 @@ def any_rank(accelerator: Any, flag: bool) -> bool:
     return bool(gather_rows(accelerator, torch.tensor([float(flag)])).max() > 0)
 
 
-def build_accelerator(device: torch.device, mixed_precision: str, **kwargs: Any) -> Any:
+def process_group_kwargs(timeout_s: float | None) -> list[Any]:
+    """accelerate's handler that sets the process group's collective timeout (``train.collective_timeout_s``):
+    a rank that stops answering (paused, hung) fails the others' collectives after this many seconds,
+    instead of torch's default (30 minutes for gloo). None: torch's default."""
+    if timeout_s is None:
+        return []
+    from datetime import timedelta
+
+    from accelerate.utils import InitProcessGroupKwargs
+
+    return [InitProcessGroupKwargs(timeout=timedelta(seconds=timeout_s))]
+
+
+def build_accelerator(
+    device: torch.device, mixed_precision: str, *, collective_timeout_s: float | None = None, **kwargs: Any
+) -> Any:
     """accelerate's ``Accelerator`` for a training run (``kwargs``: e.g. its trackers).
 
     The model's buffers never change: no broadcast, so ranks need not forward in lockstep.
@@ -111,7 +126,10 @@ def build_accelerator(device: torch.device, mixed_precision: str, **kwargs: Any)
     return Accelerator(
         cpu=device.type == "cpu",
         mixed_precision=mixed_precision,
-        kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)],
+        kwargs_handlers=[
+            DistributedDataParallelKwargs(broadcast_buffers=False),
+            *process_group_kwargs(collective_timeout_s),
+        ],
         **kwargs,
     )
 

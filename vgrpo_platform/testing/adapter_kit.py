@@ -397,6 +397,16 @@ def check_samples(samples: Any, batch: int | None = None) -> None:
         assert samples.sample_rate, "audio samples must set sample_rate"
     if m == "video":
         assert samples.fps is None or samples.fps > 0, f"video fps must be positive, got {samples.fps}"
+    audio = getattr(samples, "audio", None)
+    if audio is not None:  # a video's soundtrack: what audio rewards will score
+        assert audio.ndim == 3 and audio.shape[0] == data.shape[0], (
+            f"Samples.audio must be [B, channels, samples] for the {data.shape[0]} samples, "
+            f"got {tuple(audio.shape)}"
+        )
+        assert bool(torch.isfinite(audio).all()) and float(audio.abs().max()) <= 1 + 1e-6, (
+            "Samples.audio must be finite and lie in [-1, 1]"
+        )
+        assert samples.sample_rate, "Samples with audio must set sample_rate"
 
 
 def _loss(adapter: Any, state: dict[str, Any]) -> Any:

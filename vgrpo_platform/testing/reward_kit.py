@@ -72,8 +72,12 @@ def _score(
 
 
 def _slice(samples: Any, index: Any) -> Any:
+    """The rows at ``index``, a video's soundtrack with them (``Samples.select``; a plugin's own
+    samples-like object without it is sliced through ``data``)."""
     import dataclasses
 
+    if hasattr(samples, "select"):
+        return samples.select(index)
     return dataclasses.replace(samples, data=samples.data[index])
 
 

@@ -70,7 +70,7 @@ from vgrpo_platform.training.observe.summary import summarise
 from vgrpo_platform.training.observe.tracking import Tracking, require
 from vgrpo_platform.training.recovery import faults
 from vgrpo_platform.training.recovery.fault_policy import FaultPolicy
-from vgrpo_platform.training.recovery.interrupts import StopFlag
+from vgrpo_platform.training.recovery.interrupts import Interrupted, StopFlag
 from vgrpo_platform.training.recovery.run_lock import RunLock
 from vgrpo_platform.training.recovery.run_state import LoopState, RunState, check_run_dir
 from vgrpo_platform.training.session import Session, build_session, fingerprint, resolve_device, run_dir_of
@@ -117,7 +117,9 @@ class Trainer:
         require(recipe.log.trackers)  # a missing tracker package stops here, before any model loads
         device = resolve_device(recipe.run.device)
         trackers = Tracking.accelerator_kwargs(recipe.log.trackers, self.run_dir)
-        self.accelerator = dp.build_accelerator(device, recipe.run.mixed_precision, **trackers)
+        self.accelerator = dp.build_accelerator(
+            device, recipe.run.mixed_precision, collective_timeout_s=t.collective_timeout_s, **trackers
+        )
         self.tracking = Tracking(self.accelerator, recipe.log.trackers, recipe.log.project, self.run_dir)
         self.device = self.accelerator.device
         # train.offload_rewards: reward models visit the device only while they score
@@ -303,7 +305,7 @@ class Trainer:
                         progress.message(
                             f"{stop.signal_name}: saved iteration {iteration}; continue with --resume"
                         )
-                        raise KeyboardInterrupt
+                        raise Interrupted(stop.signal_name)
                     if alarm:
                         self._stopped_by_monitor(alarm, iteration, progress)
                         break

@@ -4,7 +4,9 @@ whether an iteration's rollout chunks are scored while the next chunks are still
 Why a worker process: a reward model that crashes (a segfault in a CUDA kernel, out of host memory)
 or leaks takes only its worker down; the trainer reports it, starts a fresh worker and scores the
 lost chunks again, and after ``scoring.max_restarts`` deaths stops the run through
-``train.on_fault`` like any other ``RewardError``. The worker may sit on another device
+``train.on_fault`` like any other ``RewardError``. A worker that stops answering (paused, deadlocked,
+waiting on a server that never replies) counts as dead once one batch has waited ``scoring.timeout_s``:
+it is killed and replaced the same way, so a hang never freezes the run. The worker may sit on another device
 (``scoring.device``). It is a ``concurrent.futures`` process pool of one spawned process; samples
 travel through ``torch.multiprocessing``'s shared-memory tensor pickling, not a byte copy.
 
@@ -23,8 +25,9 @@ import pickle
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool, ProcessPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -196,6 +199,7 @@ class ProcessScorer(Scorer):
         max_restarts: int = 1,
         threads: int | None = None,
         on_restart: Callable[[str], None] | None = None,
+        timeout_s: float | None = None,
     ) -> None:
         for ref in [*train_refs, *eval_refs]:
             try:
@@ -208,6 +212,7 @@ class ProcessScorer(Scorer):
         self._initargs = (list(train_refs), list(eval_refs), context, threads)
         self.overlap = overlap
         self.max_restarts = max_restarts
+        self.timeout_s = timeout_s  # seconds one batch may wait for its scores; None = no limit
         self.restarts = 0
         self.on_restart = on_restart
         self._gone: str | None = None  # why no worker is left (scoring.max_restarts spent)
@@ -244,7 +249,7 @@ class ProcessScorer(Scorer):
         which: str = TRAIN,
         group_size: int | None = None,
     ) -> ScoreJob:
-        samples = replace(samples, data=samples.data.detach().cpu())  # shared memory, not a device copy
+        samples = samples.map_tensors(lambda x: x.detach().cpu())  # shared memory, not a device copy
         prompts = list(prompts)
         future = self._send(which, samples, prompts, step, group_size)
         return ScoreJob(which, samples, prompts, step, future, group_size)
@@ -267,33 +272,38 @@ class ProcessScorer(Scorer):
         i = 0
         while i < len(jobs):
             try:
-                scores, seconds = jobs[i].future.result()
+                scores, seconds = jobs[i].future.result(timeout=self.timeout_s)
             except BrokenProcessPool:
-                self._restart(jobs[i:])  # then job i is tried again
+                self._restart(jobs[i:], "died")  # then job i is tried again
+                continue
+            except FutureTimeout:  # paused or hung: treated as dead (killed, replaced, job i again)
+                self._restart(jobs[i:], f"did not answer within scoring.timeout_s = {self.timeout_s:g} s")
                 continue
             self._busy += seconds
             results.append(scores)
             i += 1
         return merge(results)
 
-    def _restart(self, unscored: Sequence[ScoreJob]) -> None:
-        """A fresh worker after a death, and the jobs it had not scored sent to it again."""
+    def _restart(self, unscored: Sequence[ScoreJob], what: str) -> None:
+        """A fresh worker after a death or a timeout (``what`` the worker did), and the jobs it had not
+        scored sent to it again."""
         self.restarts += 1
         step = unscored[0].step
         where = f" at iteration {step}" if step is not None else ""
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            _kill(self._pool)
             self._pool = None
         if self.restarts > self.max_restarts:
             self._gone = (
-                f"the reward worker process died{where} ({self.restarts} deaths, scoring.max_restarts = "
-                f"{self.max_restarts}): a crash or out of memory in a reward; run with "
+                f"the reward worker process {what}{where} ({self.restarts} failures, scoring.max_restarts = "
+                f"{self.max_restarts}): a crash, out of memory or a hang in a reward; run with "
                 "scoring.isolation = 'inline' to see its error, or raise scoring.max_restarts"
+                + (" or scoring.timeout_s" if what != "died" else "")
             )
             raise RewardError(self._gone)
         if self.on_restart is not None:
             self.on_restart(
-                f"the reward worker process died{where}; started a new one ({self.restarts} of "
+                f"the reward worker process {what}{where}; started a new one ({self.restarts} of "
                 f"scoring.max_restarts = {self.max_restarts}) and scored the lost samples again"
             )
         self._pool = self._start()
@@ -304,6 +314,14 @@ class ProcessScorer(Scorer):
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+
+
+def _kill(pool: Executor) -> None:
+    """Stop a pool whose worker may be paused or hung: ``shutdown`` alone would wait on it forever.
+    SIGKILL ends a stopped process too; the standard library offers no public way before Python 3.14."""
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        process.kill()
+    pool.shutdown(wait=False, cancel_futures=True)
 
 
 def build_scorer(
@@ -328,6 +346,7 @@ def build_scorer(
         max_restarts=scoring.max_restarts,
         threads=scoring.worker_threads,
         on_restart=on_restart,
+        timeout_s=scoring.timeout_s,
     )
 
 
@@ -363,9 +382,9 @@ class GroupFeeder:
     def _flush(self, upto: int) -> None:
         held = _concat(self._held)
         take = upto - self._sent
-        now = replace(held, data=held.data[:take])
-        rest = held.data[take:]
-        self._held = [replace(held, data=rest)] if len(rest) else []
+        now = held.select(slice(0, take))
+        rest = held.select(slice(take, None))
+        self._held = [rest] if len(rest) else []
         prompts = self.prompts[self._sent : upto]
         self.jobs.append(self.scorer.submit(now, prompts, step=self.step, group_size=self.group_size))
         self._sent = upto
@@ -379,4 +398,4 @@ class GroupFeeder:
 def _concat(parts: Sequence[Samples]) -> Samples:
     if len(parts) == 1:
         return parts[0]
-    return replace(parts[0], data=torch.cat([p.data for p in parts]))
+    return Samples.concat(parts)

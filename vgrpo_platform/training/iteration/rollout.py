@@ -20,13 +20,7 @@ def repeat_conditioning(cond: Conditioning, index: torch.Tensor) -> Conditioning
 
 
 def concat_samples(parts: Sequence[Samples]) -> Samples:
-    first = parts[0]
-    return Samples(
-        modality=first.modality,
-        data=torch.cat([p.data for p in parts]),
-        sample_rate=first.sample_rate,
-        fps=first.fps,
-    )
+    return Samples.concat(parts)
 
 
 NoiseScope = Literal["sample", "group"]

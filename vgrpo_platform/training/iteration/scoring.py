@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -47,17 +47,19 @@ def score_all(
     details: dict[str, torch.Tensor] = {}
     where = f" at iteration {step}" if step is not None else ""
     for item in rewards:
-        if samples.modality not in item.reward.modalities:
+        seen = samples.for_modalities(item.reward.modalities)
+        if seen is None:
+            made = "/".join(sorted(samples.modalities))
             raise RewardError(
                 f"reward '{item.key}' scores {sorted(item.reward.modalities)} but the adapter makes "
-                f"{samples.modality}; choose a reward for {samples.modality}"
+                f"{made}; choose a reward for {made}"
             )
         try:
             with on_device(item.reward, offload_device):
                 if is_group_reward(item.reward):
-                    out = _score_groups(item, samples, prompts, metadata, group_size)
+                    out = _score_groups(item, seen, prompts, metadata, group_size)
                 else:
-                    out = item.reward.score(samples, prompts, metadata)
+                    out = item.reward.score(seen, prompts, metadata)
         except RewardError:
             raise
         except Exception as exc:  # a plugin's failure, reported with where it happened
@@ -103,7 +105,7 @@ def _score_groups(
     """A group reward called once per prompt group; its scores (and diagnostics) joined in row order."""
     parts = []
     for rows in group_bounds(prompts, group_size):
-        group = replace(samples, data=samples.data[rows])
+        group = samples.select(rows)
         out = item.reward.score(group, list(prompts[rows]), list(metadata[rows]))
         named = dict(out) if isinstance(out, Mapping) else {"score": out}
         flat = {k: torch.as_tensor(v).detach().float().reshape(-1).cpu() for k, v in named.items()}

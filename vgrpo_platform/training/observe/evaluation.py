@@ -202,7 +202,7 @@ def evaluate(
                 noise_window=(block.start * per_prompt, len(prompts) * per_prompt),
             )
         real = len(mine) * per_prompt
-        samples = replace(samples, data=samples.data[:real])
+        samples = samples.select(slice(0, real))
         flat_prompts = [mine[int(g)] for g in group_ids[:real]]
         if real:
             try:
@@ -234,7 +234,7 @@ def evaluate(
     if keep_samples:
         images = gather_objects(accelerator, images, context)
         if images and samples is not None:
-            kept = replace(samples, data=torch.cat(images))
+            kept = replace(samples, data=torch.cat(images), audio=None)  # every rank's frames
     return Evaluation(protocol, terms, details, total, eval_only, div, kept)
 
 

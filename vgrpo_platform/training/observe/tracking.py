@@ -251,7 +251,9 @@ def sample_images(
 
 
 def _audio_clips(samples: Any, group_size: int) -> list[tuple[Any, int]]:
-    """``[(mono waveform [samples], sample_rate)]``: the first sample of each of the first prompts."""
+    """``[(mono waveform [samples], sample_rate)]``: the first sample of each of the first prompts (a
+    video's soundtrack too)."""
+    samples = None if samples is None else samples.for_modalities({"audio"})
     if samples is None or samples.modality != "audio" or not samples.sample_rate:
         return []
     data = samples.data.detach().float().clamp(-1, 1).mean(1).cpu()  # [B, samples]

@@ -7,6 +7,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 
+class Interrupted(KeyboardInterrupt):
+    """A stop by a signal, naming it, so the command can say which one (SIGTERM is a scheduler's, not
+    a Ctrl-C). A ``KeyboardInterrupt``, so whatever handles Ctrl-C handles it."""
+
+    def __init__(self, signal_name: str = "SIGINT") -> None:
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+
+
 class StopFlag:
     """Set by SIGINT/SIGTERM; the loop stops cleanly at the end of the current iteration."""
 
@@ -20,7 +29,7 @@ class StopFlag:
 
         def handler(signum: int, frame: object) -> None:
             if self.requested:  # second signal: stop now, the last checkpoint stays valid
-                raise KeyboardInterrupt
+                raise Interrupted(signal.Signals(signum).name)
             self.requested, self.signal_name = True, signal.Signals(signum).name
 
         try:

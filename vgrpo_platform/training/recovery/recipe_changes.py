@@ -45,6 +45,7 @@ SAFE_ON_RESUME = (
     "train.on_fault",
     "train.max_consecutive_skips",
     "train.offload_rewards",
+    "train.collective_timeout_s",
     "eval.every",
     "eval.monitor",
     "log",
