@@ -13,6 +13,7 @@ import pickle
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -182,9 +183,12 @@ def _truncate(name: str):
     return lambda path: (path / name).write_bytes((path / name).read_bytes()[:40])
 
 
+MARKER = Path(tempfile.gettempdir()) / f"vgrpo_poisoned_marker_{os.getpid()}"  # written if unpickled
+
+
 class _Poison:
     def __reduce__(self):
-        return (os.system, ("touch /tmp/vgrpo_poisoned_marker",))
+        return (os.system, (f"touch {MARKER}",))
 
 
 DAMAGE = {  # what is wrong -> (how, the words the warning names it by)
@@ -217,13 +221,13 @@ def test_resume_skips_a_malformed_newest_checkpoint_with_a_warning_naming_it(tra
     damage, words = DAMAGE[case]
     newest = list_checkpoints(run_dir)[-1]
     damage(newest)
-    Path("/tmp/vgrpo_poisoned_marker").unlink(missing_ok=True)
+    MARKER.unlink(missing_ok=True)
     trainer = Trainer(toy(tmp_path, "r"), resume=True)
     err = capsys.readouterr().err
     assert f"skipping checkpoint {newest}" in err and words in err, err
     assert trainer.start_iteration == 2, "the older checkpoint is the one resumed"
     assert newest.exists(), "a damaged checkpoint is skipped, never deleted"
-    assert not Path("/tmp/vgrpo_poisoned_marker").exists(), "nothing was unpickled"
+    assert not MARKER.exists(), "nothing was unpickled"
     trainer.release()
 
 
