@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import signal
 import subprocess
 import sys
 import types
@@ -188,9 +189,13 @@ def test_run_reports_user_errors_and_interrupts(runner, recipe, monkeypatch):
         raise KeyboardInterrupt
 
     module.run = interrupted
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     result = invoke(runner, "run", recipe)
     assert result.exit_code == 130
     assert len(result.stderr.splitlines()) == 1 and "interrupted" in result.stderr
+    # in-process, the handlers come back: a process that ignored SIGTERM would pass that on to every
+    # subprocess it starts (servers that a test then cannot stop)
+    assert {s: signal.getsignal(s) for s in before} == before
 
     def bad_reward(resolved, resume):
         from vgrpo_platform.errors import RewardError

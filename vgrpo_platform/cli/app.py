@@ -97,16 +97,29 @@ def _interrupted(exc: KeyboardInterrupt) -> typer.Exit:
     """The one line for a stop by Ctrl-C or SIGTERM (``training.recovery.interrupts.Interrupted`` names the
     signal). Later signals are ignored from here on: the process is on its way out, and one arriving while
     it reports or joins its workers would otherwise end it with a traceback, or killed by SIGINT (-2)."""
-    for s in (signal.SIGINT, signal.SIGTERM):
-        try:
-            signal.signal(s, signal.SIG_IGN)
-        except ValueError:  # not the main thread
-            break
+    previous = _ignore_stop_signals()
     name = getattr(exc, "signal_name", "SIGINT")
     what = "Ctrl-C" if name == "SIGINT" else name
-    return _fail(
-        f"interrupted ({what}); a run resumes from its last checkpoint with --resume", EXIT_INTERRUPTED
-    )
+    try:
+        return _fail(
+            f"interrupted ({what}); a run resumes from its last checkpoint with --resume", EXIT_INTERRUPTED
+        )
+    finally:
+        # in-process callers (tests, notebooks) go on: put the handlers back, or every subprocess they
+        # start would inherit SIGTERM ignored; the console script ignores them again on its way out (main)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _ignore_stop_signals() -> dict[signal.Signals, Any]:
+    """Ignore SIGINT/SIGTERM; the handlers they had (empty off the main thread, where nothing changes)."""
+    previous: dict[signal.Signals, Any] = {}
+    for s in (signal.SIGINT, signal.SIGTERM):
+        try:
+            previous[s] = signal.signal(s, signal.SIG_IGN)
+        except ValueError:  # not the main thread
+            break
+    return previous
 
 
 def _print_version(value: bool) -> None:
@@ -634,11 +647,19 @@ def main() -> None:
             add_plugin_commands(app)
             app()
     except typer.Exit as exc:  # raised by user_errors outside click's own handling
+        if exc.exit_code == EXIT_INTERRUPTED:
+            _ignore_stop_signals()  # the process is on its way out (joining workers): no traceback, no -2
         sys.exit(exc.exit_code)
     except KeyboardInterrupt as exc:  # a second Ctrl-C while the first was being reported
         if _DEBUG or _debug_env():
             raise
-        sys.exit(_interrupted(exc).exit_code)
+        code = _interrupted(exc).exit_code
+        _ignore_stop_signals()
+        sys.exit(code)
+    except SystemExit as exc:  # click's own exit with a command's code
+        if exc.code == EXIT_INTERRUPTED:
+            _ignore_stop_signals()
+        raise
 
 
 if __name__ == "__main__":
