@@ -119,7 +119,14 @@ LAYOUTS = {
 }
 
 
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize(
+    "layout",
+    # 4 processes on the 2 CI cores is the suite's heaviest case: in the slow set (pytest -m slow)
+    [
+        pytest.param(name, marks=pytest.mark.slow) if name.startswith("ddp-4") else name
+        for name in sorted(LAYOUTS)
+    ],
+)
 def test_context_groups_train_as_one_process(tmp_path, one_process, layout) -> None:
     processes, entry, groups = LAYOUTS[layout]
     pipeline, one = one_process
