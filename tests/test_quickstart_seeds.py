@@ -1,0 +1,57 @@
+"""The quickstart's seed table and README figure come from committed records, by the script."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import quickstart_seeds as qs
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cell(root: Path, seed: int, correct: list[float], wall_s: float = 600.0) -> None:
+    """A finished seed: evaluations at 0, 100, 200 and two timed train records."""
+    rows = [{"kind": "eval", "iteration": 100 * i, qs.METRIC: v} for i, v in enumerate(correct)]
+    rows += [{"kind": "train", "iteration": i, "time_rollout": 1.0, "time_train": 2.0 + i} for i in (1, 2)]
+    out = root / "shipped" / f"seed{seed}"
+    out.mkdir(parents=True)
+    table = qs.records.compact(rows)
+    (out / qs.records.RECORDS).write_text(json.dumps(table))
+    (out / "cell.json").write_text(json.dumps({"seed": seed, "wall_s": wall_s}))
+
+
+def test_gains_are_points_over_iteration_zero_and_tuning_seeds_are_apart(tmp_path, monkeypatch):
+    monkeypatch.setattr(qs, "RESULTS", tmp_path)
+    _cell(tmp_path, 0, [0.40, 0.55, 0.60])  # +20 at the end, best +20
+    _cell(tmp_path, 3, [0.40, 0.62, 0.50])  # +10 at the end, best +22: ended 12 below its best
+    variant = qs.Variant("shipped", (), (0, 3, 5))
+    rows = {r["seed"]: r for r in qs.seed_rows(variant)}
+    assert rows[0]["last"] == pytest.approx(20.0) and rows[3]["best"] == pytest.approx(22.0)
+    text = qs.table(variant)
+    assert "| 3 | unseen | +22.0 | +10.0 | -12.0 |" in text
+    assert "all seeds +15.0 [+10.0, +20.0] over 2" in text and "Not run yet: seeds 5." in text
+    sentence = qs.readme_sentence(variant)
+    assert "took 10 min 0 s" in sentence and "1.00 s of rollout and 3.50 s of training" in sentence
+    assert "**+15.0 points on average over 2 run seeds (range +10.0 to +20.0)**" in sentence
+    assert "+20.0 over the 1 seeds the recipe was tuned on, +10.0 over 1 it never saw" in sentence
+    assert "seeds 5 of the seed rule not run yet" in sentence
+
+
+def test_the_readme_figure_is_the_generated_one():
+    """Regenerate with `python -m benchmarks.quickstart_seeds table --write-doc` after new seeds land."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split(qs.README_BEGIN)[1].split(qs.README_END)[0].strip()
+    assert block == qs.readme_sentence(qs.VARIANTS["shipped"])
+    doc = (ROOT / "docs" / "quickstart.md").read_text()
+    assert qs.table(qs.VARIANTS["shipped"]) in doc
+
+
+def test_every_committed_cell_ran_the_shipped_recipe_settings():
+    expected = qs.recipe_digest(qs.RECIPE)
+    cells = sorted((qs.RESULTS / "shipped").glob("seed*/cell.json"))
+    assert cells, "no committed seed of the quickstart"
+    for path in cells:
+        assert json.loads(path.read_text())["recipe_settings_sha256"] == expected, path
