@@ -22,8 +22,10 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 from dataclasses import dataclass
@@ -38,6 +40,7 @@ RECIPE = ROOT / "recipes" / "quickstart.toml"
 RESULTS = ROOT / "benchmarks" / "results" / "quickstart"
 SCRATCH = ROOT / "runs" / "quickstart_seeds"
 METRIC = "detail/shapes/correct"
+DIVERSITY = "monitor/diversity"
 
 SEED_RULE = """Seeds 0-9 of the shipped recipe, all reported. Seeds 0-2 tuned the recipe; seeds 3-4 were its
 first unseen seeds; seeds 5-9 had never been run when this rule was written (2026-12-06, before any of
@@ -55,7 +58,37 @@ class Variant:
     seeds: tuple[int, ...]
 
 
-VARIANTS = {"shipped": Variant("shipped", (), tuple(range(10)))}
+def _with_diversity(weight: float) -> tuple[str, ...]:
+    """The shipped reward plus the group ``diversity`` reward at ``weight`` (rewards are replaced whole)."""
+    shapes = '{name="shapes", weight=1.0, options={objective="product"}}'
+    return (f'rewards=[{shapes}, {{name="diversity", weight={weight}}}]',)
+
+
+ANCHOR_DATA = SCRATCH / "anchor_data.safetensors"  # `vgrpo shapes-anchor-data`'s defaults; made when needed
+ANCHOR_SOURCE = "../runs/quickstart_seeds/anchor_data.safetensors"  # the same file, from the recipe's folder
+
+
+def _with_anchor(weight: float) -> tuple[str, ...]:
+    return (f"train.data_anchor.weight={weight}", f"train.data_anchor.source='{ANCHOR_SOURCE}'")
+
+
+SCREEN = ("train.iterations=100",)
+FINAL_SEEDS = tuple(range(5))
+VARIANTS = {
+    "shipped": Variant("shipped", (), tuple(range(10))),
+    # issue 38's comparison (DIVERSITY_RULE in benchmarks/diversity.py): the screen on seed 1 ...
+    "screen_diversity_0.1": Variant("screen_diversity_0.1", _with_diversity(0.1) + SCREEN, (1,)),
+    "screen_diversity_0.3": Variant("screen_diversity_0.3", _with_diversity(0.3) + SCREEN, (1,)),
+    "screen_anchor_0.1": Variant("screen_anchor_0.1", _with_anchor(0.1) + SCREEN, (1,)),
+    "screen_anchor_0.5": Variant("screen_anchor_0.5", _with_anchor(0.5) + SCREEN, (1,)),
+    # ... and the finalists at the shipped budget
+    "diversity_0.1": Variant("diversity_0.1", _with_diversity(0.1), FINAL_SEEDS),
+    "diversity_0.3": Variant("diversity_0.3", _with_diversity(0.3), FINAL_SEEDS),
+    "anchor_0.1": Variant("anchor_0.1", _with_anchor(0.1), FINAL_SEEDS),
+    "anchor_0.5": Variant("anchor_0.5", _with_anchor(0.5), FINAL_SEEDS),
+}
+PER_PROMPT = "per_prompt.json"
+BASE_PER_PROMPT = RESULTS / "base_per_prompt.json"
 
 
 def cell_dir(variant: str, seed: int) -> Path:
@@ -89,14 +122,57 @@ def run_seed(variant: Variant, seed: int, threads: int | None) -> None:
         cmd += ["--set", override]
     if (run_dir / "checkpoints").is_dir():
         cmd.append("--resume")
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
+    env = _env(threads)
+    if any(ANCHOR_SOURCE in o for o in variant.overrides) and not ANCHOR_DATA.exists():
+        anchor = [sys.executable, "-m", "vgrpo_platform", "shapes-anchor-data", "--out", str(ANCHOR_DATA)]
+        subprocess.run(anchor, cwd=ROOT, env=env, check=True)
     print(f"{variant.name} seed {seed}: {' '.join(cmd)}", flush=True)
     start = time.monotonic()
     subprocess.run(cmd, cwd=ROOT, env=env, check=True)
     wall = time.monotonic() - start
     save_cell(variant, seed, run_dir, wall_s=wall, threads=threads)
+    save_per_prompt(variant, run_dir, cell_dir(variant.name, seed) / PER_PROMPT, threads)
+
+
+def _env(threads: int | None) -> dict[str, str]:
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+def save_per_prompt(variant: Variant, run_dir: Path | None, dest: Path, threads: int | None) -> None:
+    """``vgrpo eval`` of the run's newest checkpoint (the base model when ``run_dir`` is None) under the
+    recipe's eval protocol, kept per prompt: how many of its samples were correct, and its diversity.
+
+    Why: a mean can hold while single prompts collapse; "prompts whose correct count fell" needs the
+    counts of every prompt before and after. The evaluation is the in-run one (same prompts, seeds and
+    weights: the moving average), so its mean equals the run's last evaluation record.
+    """
+    scratch = Path(tempfile.mkdtemp(prefix="per_prompt_"))
+    cmd = [sys.executable, "-m", "vgrpo_platform", "eval", str(RECIPE), "--out", str(scratch)]
+    if run_dir is not None:
+        cmd += ["--checkpoint", str(run_dir)]
+    for override in variant.overrides:
+        cmd += ["--set", override]
+    subprocess.run(cmd, cwd=ROOT, env=_env(threads), check=True, stdout=subprocess.DEVNULL)
+    report = json.loads((scratch / "eval.json").read_text())
+    shutil.rmtree(scratch, ignore_errors=True)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(json.dumps(compact_per_prompt(report), separators=(",", ":")) + "\n")
+
+
+def compact_per_prompt(report: dict[str, Any]) -> dict[str, Any]:
+    """What the comparison reads from an ``eval.json``: per prompt the correct count and the diversity."""
+    g = int(report["protocol"]["samples_per_prompt"])
+    rows = report["per_prompt"]
+    checkpoint = report.get("checkpoint")
+    return {
+        "iteration": checkpoint["iteration"] if checkpoint else 0,
+        "samples_per_prompt": g,
+        "correct": [round(r[METRIC] * g) for r in rows],
+        "diversity": [round(r[DIVERSITY], 5) for r in rows],
+    }
 
 
 def save_cell(
@@ -105,9 +181,7 @@ def save_cell(
     """Compact ``run_dir``'s metrics into the committed cell (also a run made by hand, e.g. the README's)."""
     out = cell_dir(variant.name, seed)
     out.mkdir(parents=True, exist_ok=True)
-    table = records.compact(records.read_log(run_dir / records.LOG))
-    lines = [f"{json.dumps(k)}: {json.dumps(v, separators=(',', ':'))}" for k, v in table.items()]
-    (out / records.RECORDS).write_text("{\n" + ",\n".join(lines) + "\n}\n")
+    records.write(run_dir, out)
     cell = {
         "variant": variant.name,
         "seed": seed,
@@ -119,6 +193,21 @@ def save_cell(
         "wall_note": "side by side with other work: not a timing",
     }
     (out / "cell.json").write_text(json.dumps(cell, indent=1) + "\n")
+
+
+def annotate(variant: Variant, seed: int, run_dir: Path, threads: int | None) -> None:
+    """Add to a committed cell what it lacks from its run directory: the columns of the eval monitors
+    (every column the cell had must come out equal, timings aside, or nothing is written) and the
+    per-prompt record."""
+    out = cell_dir(variant.name, seed)
+    old = json.loads((out / records.RECORDS).read_text())
+    new = records.compact(records.read_log(run_dir / records.LOG))
+    timings = {f"train:{t}" for t in records.TIMES}  # a resumed or re-timed run differs only in these
+    changed = [k for k, v in old.items() if k not in timings and new.get(k) != v]
+    if changed:
+        raise SystemExit(f"{run_dir} is not the run of {out}: its {', '.join(changed[:3])} differ")
+    records.write(run_dir, out)
+    save_per_prompt(variant, run_dir, out / PER_PROMPT, threads)
 
 
 # --------------------------------------------------------------------------- the table
@@ -257,16 +346,27 @@ def main(argv: list[str] | None = None) -> None:
     imp.add_argument("run_dir", type=Path)
     imp.add_argument("--seed", type=int, required=True)
     imp.add_argument("--variant", default="shipped", choices=sorted(VARIANTS))
+    ann = sub.add_parser("annotate", help="add the eval monitors and per-prompt record to a finished cell")
+    ann.add_argument("run_dir", type=Path)
+    ann.add_argument("--seed", type=int, required=True)
+    ann.add_argument("--variant", default="shipped", choices=sorted(VARIANTS))
+    ann.add_argument("--threads", type=int, default=None)
+    base = sub.add_parser("base", help="the base model's per-prompt record (the comparison's reference)")
+    base.add_argument("--threads", type=int, default=None)
     tab = sub.add_parser("table", help="print the table from the committed records")
     tab.add_argument("--variant", default="shipped", choices=sorted(VARIANTS))
     tab.add_argument("--write-doc", action="store_true", help="write it into docs/quickstart.md")
     args = parser.parse_args(argv)
-    variant = VARIANTS[args.variant]
+    variant = VARIANTS[getattr(args, "variant", "shipped")]
     if args.command == "run":
         for seed in args.seeds if args.seeds is not None else variant.seeds:
             run_seed(variant, seed, args.threads)
     elif args.command == "import":
         save_cell(variant, args.seed, args.run_dir, wall_s=None, threads=None)
+    elif args.command == "annotate":
+        annotate(variant, args.seed, args.run_dir, args.threads)
+    elif args.command == "base":
+        save_per_prompt(VARIANTS["shipped"], None, BASE_PER_PROMPT, args.threads)
     else:
         text = table(variant)
         print(text)

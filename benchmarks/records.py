@@ -24,7 +24,7 @@ KINDS = {"eval": "e", "train": "t"}
 # detail and target metrics
 TRAIN_FIELDS = ("iteration", "gradient_steps", *TIMES, *DIAGNOSTICS)
 EVAL_FIELDS = ("iteration", "reward")
-EVAL_PREFIX = "detail/"
+EVAL_PREFIXES = ("detail/", "monitor/")  # every world's detail metrics; the eval's own monitors (diversity)
 SECONDS_DIGITS = 3  # the TIMES columns are kept to the millisecond
 
 
@@ -37,7 +37,7 @@ def _kept(field: str, value: Any) -> Any:
 def _fields(kind: str, rows: list[dict[str, Any]]) -> list[str]:
     if kind == "train":
         return [f for f in TRAIN_FIELDS if any(f in r for r in rows)]
-    prefixed = sorted({k for r in rows for k in r if k.startswith(EVAL_PREFIX)})
+    prefixed = sorted({k for r in rows for k in r if k.startswith(EVAL_PREFIXES)})
     return [*(f for f in EVAL_FIELDS if any(f in r for r in rows)), *prefixed]
 
 
@@ -76,11 +76,12 @@ def read_log(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def write(run_dir: Path) -> None:
-    """``run_dir/records.json`` from its ``metrics.jsonl``: one column per line, for readable diffs."""
+def write(run_dir: Path, out_dir: Path | None = None) -> None:
+    """``records.json`` (in ``out_dir``, default ``run_dir``) from ``run_dir``'s ``metrics.jsonl``: one
+    column per line, for readable diffs."""
     table = compact(read_log(run_dir / LOG))
     lines = [f"{json.dumps(k)}: {json.dumps(v, separators=(',', ':'))}" for k, v in table.items()]
-    (run_dir / RECORDS).write_text("{\n" + ",\n".join(lines) + "\n}\n")
+    (out_dir or run_dir).joinpath(RECORDS).write_text("{\n" + ",\n".join(lines) + "\n}\n")
 
 
 def load(run_dir: Path) -> list[dict[str, Any]]:

@@ -1,0 +1,193 @@
+"""Does the quickstart keep its samples diverse? The shipped recipe beside the same recipe with the group
+``diversity`` reward and with the data anchor, from committed records (the runs are
+``benchmarks/quickstart_seeds.py``'s variants).
+
+Why: RL toward one reward collapses a prompt's samples onto one layout (the quickstart's held-out
+diversity falls by about a third) and can lose prompts it once drew right while the mean rises. The
+question is whether a diversity bonus or a flow-matching loss on data keeps diversity at a small cost in
+accuracy. The screen, the finalists and the goal are fixed in ``DIVERSITY_RULE`` before the runs.
+
+    python -m benchmarks.quickstart_seeds run --variant screen_diversity_0.1 --threads 1   # ... each run
+    python -m benchmarks.diversity                     # the screen, the finalists, the comparison
+    python -m benchmarks.diversity --write-doc         # ... written into docs/quickstart.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import mean
+from typing import Any
+
+from benchmarks import quickstart_seeds as qs
+
+DIVERSITY_RULE = """Written 2026-12-07, before any of these runs. **Screen**: run seed 1 for 100
+iterations with the `diversity` reward at weight 0.1 and 0.3 (beside `shapes` at 1) and with the data
+anchor at weight 0.1 and 0.5 (`vgrpo shapes-anchor-data`'s 256 rendered scenes). In each family the
+finalist is the weight whose held-out diversity at iteration 100 is at least 90% of the base model's, the
+higher held-out `correct` gain among those; if neither keeps it, the one with the higher diversity.
+**Finalists** run seeds 0-4 for the shipped 200 iterations; the shipped recipe's own seeds are the
+comparison. **Goal** (issue 38): over seeds 0-4, mean held-out `correct` gain at the last evaluation at
+least +18 points, every seed's last evaluation within 2 points of its best, and mean held-out diversity at
+the last evaluation at least 90% of the base model's."""
+
+SCREENS = {
+    "diversity": ("screen_diversity_0.1", "screen_diversity_0.3"),
+    "anchor": ("screen_anchor_0.1", "screen_anchor_0.5"),
+}
+KEEP = 0.9  # diversity kept: at least this fraction of the base model's
+GOAL_GAIN = 18.0
+GOAL_DROP = 2.0
+BEGIN = "<!-- quickstart-diversity:begin (python -m benchmarks.diversity --write-doc) -->"
+END = "<!-- quickstart-diversity:end -->"
+
+
+@dataclass(frozen=True)
+class SeedResult:
+    """One finished seed of a variant: gains in points, diversity at the last evaluation, falls."""
+
+    seed: int
+    last: float
+    best: float
+    diversity: float | None  # held-out diversity at the last evaluation
+    fell: int | None  # evaluated prompts with fewer correct samples than the base model had
+
+
+def _load(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def base_record() -> dict[str, Any]:
+    record = _load(qs.BASE_PER_PROMPT)
+    if record is None:
+        raise SystemExit(f"{qs.BASE_PER_PROMPT} missing: run `python -m benchmarks.quickstart_seeds base`")
+    return record
+
+
+def prompts_fell(base: dict[str, Any], after: dict[str, Any]) -> int:
+    """How many evaluated prompts have fewer correct samples after training than before."""
+    if len(base["correct"]) != len(after["correct"]):
+        raise ValueError("per-prompt records of different prompt sets")
+    return sum(a < b for a, b in zip(after["correct"], base["correct"], strict=True))
+
+
+def seed_results(variant: qs.Variant, base: dict[str, Any]) -> list[SeedResult]:
+    """Each finished seed of ``variant`` (seeds without a record are left out)."""
+    rows = {r["seed"]: r for r in qs.seed_rows(variant)}
+    out = []
+    for seed, row in sorted(rows.items()):
+        after = _load(qs.cell_dir(variant.name, seed) / qs.PER_PROMPT)
+        out.append(
+            SeedResult(
+                seed=seed,
+                last=row["last"],
+                best=row["best"],
+                diversity=mean(after["diversity"]) if after else None,
+                fell=prompts_fell(base, after) if after else None,
+            )
+        )
+    return out
+
+
+def keeps_diversity(result: SeedResult, base: dict[str, Any]) -> bool:
+    return result.diversity is not None and result.diversity >= KEEP * mean(base["diversity"])
+
+
+def finalist(family: str, base: dict[str, Any]) -> str | None:
+    """The rule's finalist of a family, or None while its screen is unfinished."""
+    screened = {}
+    for name in SCREENS[family]:
+        results = seed_results(qs.VARIANTS[name], base)
+        if not results or results[0].diversity is None:
+            return None
+        screened[name] = results[0]
+    kept = [n for n, r in screened.items() if keeps_diversity(r, base)]
+    if kept:
+        pick = max(kept, key=lambda n: screened[n].last)
+    else:
+        pick = max(screened, key=lambda n: screened[n].diversity or 0.0)
+    return pick.removeprefix("screen_")
+
+
+def _span(values: list[float], fmt: str) -> str:
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return format(values[0], fmt)
+    return f"{format(mean(values), fmt)} [{format(min(values), fmt)}, {format(max(values), fmt)}]"
+
+
+def row(name: str, results: list[SeedResult], base: dict[str, Any], seeds: tuple[int, ...]) -> str:
+    chosen = [r for r in results if r.seed in seeds]
+    base_div = mean(base["diversity"])
+    kept = [100 * r.diversity / base_div for r in chosen if r.diversity is not None]
+    fell = [float(r.fell) for r in chosen if r.fell is not None]
+    drop = min((r.last - r.best for r in chosen), default=float("nan"))
+    return (
+        f"| `{name}` | {', '.join(str(r.seed) for r in chosen)} | {_span([r.last for r in chosen], '+.1f')} "
+        f"| {drop:+.1f} | {_span(kept, '.0f')} | {_span(fell, '.1f')} |"
+    )
+
+
+def meets_goal(results: list[SeedResult], base: dict[str, Any]) -> bool | None:
+    """The rule's goal over the final seeds; None while a seed is missing."""
+    chosen = [r for r in results if r.seed in qs.FINAL_SEEDS]
+    if len(chosen) < len(qs.FINAL_SEEDS) or any(r.diversity is None for r in chosen):
+        return None
+    gain = mean(r.last for r in chosen) >= GOAL_GAIN
+    held = all(r.last >= r.best - GOAL_DROP for r in chosen)
+    kept = mean(r.diversity or 0.0 for r in chosen) >= KEEP * mean(base["diversity"])
+    return gain and held and kept
+
+
+HEAD = (
+    "| setting | seeds | held-out `correct` gain at the last evaluation (points), mean [range] "
+    "| worst last - best | held-out diversity at the last evaluation, % of the base model's "
+    "| prompts whose correct count fell (of 99) |\n|---|---|---|---|---|---|"
+)
+
+
+def report() -> str:
+    """The screen, the finalists and the comparison, as markdown, from the committed records."""
+    base = base_record()
+    lines = [f"Base model: held-out diversity {mean(base['diversity']):.4f} (mean over the 99 prompts).", ""]
+    lines += ["Screen (seed 1, 100 iterations):", "", HEAD]
+    for names in SCREENS.values():
+        for name in names:
+            lines.append(row(name, seed_results(qs.VARIANTS[name], base), base, (1,)))
+    lines += ["", "Finalists and the shipped recipe (200 iterations):", "", HEAD]
+    shipped = seed_results(qs.VARIANTS["shipped"], base)
+    lines.append(row("shipped", shipped, base, qs.FINAL_SEEDS))
+    lines.append(row("shipped", shipped, base, tuple(range(10))).replace("`shipped`", "`shipped`, all seeds"))
+    verdicts = []
+    for family in SCREENS:
+        pick = finalist(family, base)
+        if pick is None:
+            verdicts.append(f"{family}: screen unfinished.")
+            continue
+        results = seed_results(qs.VARIANTS[pick], base)
+        lines.append(row(pick, results, base, qs.FINAL_SEEDS))
+        goal = meets_goal(results, base)
+        state = {None: "seeds 0-4 not all run yet", True: "meets the goal", False: "misses the goal"}[goal]
+        verdicts.append(f"{family}: finalist `{pick}`, {state}.")
+    return "\n".join(lines) + "\n\n" + " ".join(verdicts) + "\n"
+
+
+def write_doc(text: str, path: Path = qs.ROOT / "docs" / "quickstart.md") -> None:
+    qs.replace_block(path, BEGIN, END, text)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write-doc", action="store_true", help="write it into docs/quickstart.md")
+    args = parser.parse_args(argv)
+    text = report()
+    print(text)
+    if args.write_doc:
+        write_doc(text)
+
+
+if __name__ == "__main__":
+    main()
