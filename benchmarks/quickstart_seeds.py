@@ -76,6 +76,18 @@ SCREEN = ("train.iterations=100",)
 FINAL_SEEDS = tuple(range(5))
 VARIANTS = {
     "shipped": Variant("shipped", (), tuple(range(10))),
+    # the protocol shipped until the fourth round (RL on the world's train split, evaluation on all 189
+    # held-out prompts x 4 seeds; docs/quickstart.md, recipe D): the README states its figure beside today's
+    "previous_protocol": Variant(
+        "previous_protocol",
+        (
+            "prompts.train_file='prompts/shapes_train.txt'",
+            "prompts.eval_file='prompts/shapes_heldout.txt'",
+            "eval.samples_per_prompt=4",
+            "eval.max_prompts=189",
+        ),
+        tuple(range(5)),
+    ),
     # issue 38's comparison (DIVERSITY_RULE in benchmarks/diversity.py): the screen on seed 1 ...
     "screen_diversity_0.1": Variant("screen_diversity_0.1", _with_diversity(0.1) + SCREEN, (1,)),
     "screen_diversity_0.3": Variant("screen_diversity_0.3", _with_diversity(0.3) + SCREEN, (1,)),

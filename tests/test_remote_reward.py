@@ -81,8 +81,40 @@ def test_health_names_the_reward_and_protocol():
         "protocol": 2,
         "protocols": [1, 2],
         "modalities": ["image"],
+        "groups": False,
         "options": ["objective"],  # names only: a value may be a secret
     }
+
+
+def _groups_batch() -> tuple[Samples, list[str]]:
+    """Two prompt groups of 4, the first with two near-copies (a cluster), the second all distinct; the
+    two groups share a prompt, so only the declared group size can tell them apart."""
+    gen = torch.Generator().manual_seed(3)
+    data = torch.rand(8, 3, 16, 16, generator=gen)
+    data[1] = (data[0] + 0.01).clamp(0, 1)
+    return Samples("image", data), ["a red square"] * 8
+
+
+def test_a_group_reward_is_served_group_by_group_with_the_in_process_scores():
+    from vgrpo_rewards.diversity import Config as DiversityConfig
+    from vgrpo_rewards.diversity import build as build_diversity
+
+    samples, prompts = _groups_batch()
+    config = DiversityConfig(bonus="share")  # 1 - n / G: the group's size enters the score
+    local = build_diversity(config, None)
+    with serving(RewardApp("diversity", build_diversity(config, None))) as url:
+        with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
+            assert json.loads(response.read())["groups"] is True
+        client = remote(url, reward="diversity", groups=True, batch_size=3)  # batch_size cannot split a group
+        here = score_all([WeightedReward("d", local, 1.0)], samples, prompts, group_size=4)
+        there = score_all([WeightedReward("d", client, 1.0)], samples, prompts, group_size=4)
+        assert torch.equal(here[0]["d"], there[0]["d"]) and here[1].keys() == there[1].keys()
+        assert here[0]["d"][0] < here[0]["d"][2]  # the near-copies share a cluster: a smaller bonus
+        whole = score_all([WeightedReward("d", local, 1.0)], samples, prompts)  # one group of 8
+        assert not torch.equal(whole[0]["d"], here[0]["d"])  # so the group bounds did matter
+        with pytest.raises(RewardError) as refused:
+            score_all([WeightedReward("d", remote(url), 1.0)], samples, prompts, group_size=4)
+    one_line_error(refused, "whole group", "options.groups = true")
 
 
 def test_png_encoded_images_are_scored_like_their_pixels(batch):

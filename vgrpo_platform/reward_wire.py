@@ -83,22 +83,32 @@ class ScoreRequest:
     samples: Samples
     prompts: list[Any]
     metadata: list[Any]
+    whole_group: bool = False  # one prompt's whole group (a group reward's unit; optional key)
 
 
 LOCAL_METADATA = frozenset({"condition_image", "condition_images"})  # tensors the core adds; never sent
 
 
 # ------------------------------------------------------------------------------------- protocol 2
-def encode_frame(samples: Samples, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]]) -> Frame:
+def encode_frame(
+    samples: Samples,
+    prompts: Sequence[str],
+    metadata: Sequence[Mapping[str, Any]],
+    *,
+    whole_group: bool = False,
+) -> Frame:
     """The protocol-2 body of ``POST /score``; metadata must be JSON (a tensor there is a ``TypeError``),
     except the condition images the core adds (``condition_image(s)``), which stay behind: the line's
-    ``"image"`` path travels instead."""
-    header = {
+    ``"image"`` path travels instead. ``whole_group``: the rows are one prompt's whole group (``"group":
+    true``), what a server of a group reward needs; older servers ignore the key."""
+    header: dict[str, Any] = {
         "protocol": PROTOCOL,
         "samples": {"modality": samples.modality, "sample_rate": samples.sample_rate, "fps": samples.fps},
         "prompts": list(prompts),
         "metadata": [{k: v for k, v in m.items() if k not in LOCAL_METADATA} for m in metadata],
     }
+    if whole_group:
+        header["group"] = True
     text = json.dumps(header).encode()
     data = samples.data.detach().to("cpu", torch.float32).contiguous().numpy().astype("<f4", copy=False)
     layout = {TENSOR: {"dtype": "F32", "shape": list(data.shape), "data_offsets": [0, data.nbytes]}}
@@ -249,7 +259,10 @@ def _request(protocol: int, samples: Samples, body: Mapping[str, Any]) -> ScoreR
         raise WireError(f"'metadata' must be a list of {len(samples)} objects")
     if not all(isinstance(m, dict) for m in metadata):
         raise WireError(f"'metadata' must be a list of {len(samples)} objects, not {_short(metadata)}")
-    return ScoreRequest(protocol, samples, prompts, metadata)
+    group = body.get("group", False)
+    if not isinstance(group, bool):
+        raise WireError(f"'group' must be true or false, not {_short(group)}")
+    return ScoreRequest(protocol, samples, prompts, metadata, whole_group=group)
 
 
 # ------------------------------------------------------------------------------------- protocol 1

@@ -40,6 +40,12 @@ class Config(PluginConfig):
         description="The reward the server must serve (checked against each reply's 'reward'); "
         "null = whichever it serves.",
     )
+    groups: bool = Field(
+        False,
+        description="The served reward is a group reward (it scores one prompt's whole group per call, "
+        "e.g. `diversity`; its /health says `groups: true`): each prompt group goes in one request, never "
+        "split by batch_size. A group reward's server refuses requests without it.",
+    )
     token_env: str | None = Field(
         None,
         pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",

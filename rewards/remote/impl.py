@@ -38,6 +38,7 @@ class RemoteReward(JsonPoster):
         self.url = config.url.rstrip("/")
         self.server = self.replier = f"the reward server at {self.url}"
         self.token = _token(config)
+        self.groups = config.groups  # the core then calls score once per prompt group (scoring.py)
 
     def score(
         self, samples: Samples, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]]
@@ -45,7 +46,7 @@ class RemoteReward(JsonPoster):
         batch = len(samples)
         if batch == 0:
             return {"score": torch.zeros(0, device=samples.data.device)}
-        size = self.config.batch_size or batch
+        size = batch if self.groups else self.config.batch_size or batch  # a group travels whole
         chunks = []
         for lo in range(0, batch, size):
             hi = min(lo + size, batch)
@@ -63,7 +64,7 @@ class RemoteReward(JsonPoster):
         self, samples: Samples, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]]
     ) -> dict[str, torch.Tensor]:
         try:
-            frame = wire.encode_frame(samples, prompts, metadata)
+            frame = wire.encode_frame(samples, prompts, metadata, whole_group=self.groups)
         except TypeError as exc:
             raise RewardError(
                 f"remote reward: metadata is not JSON ({exc}); pass only strings, numbers, lists and dicts"

@@ -28,6 +28,7 @@ from typing import Any
 from vgrpo_platform import reward_wire as wire
 from vgrpo_platform.errors import VgrpoError
 from vgrpo_platform.protocols import Reward
+from vgrpo_platform.training.iteration.scoring import is_group_reward
 
 MAX_JSON_BODY = 1 << 30
 """Protocol 1's limit (1 GiB): its JSON body, base64 text a third larger than the samples, is held whole."""
@@ -76,6 +77,7 @@ class RewardApp:
             "protocol": wire.PROTOCOL,
             "protocols": list(wire.PROTOCOLS),
             "modalities": sorted(self.reward.modalities),
+            "groups": is_group_reward(self.reward),
             "options": sorted(self.options),
         }
 
@@ -89,6 +91,11 @@ class RewardApp:
         if request.samples.modality not in self.reward.modalities:
             modality, scored = request.samples.modality, sorted(self.reward.modalities)
             raise wire.WireError(f"reward '{self.name}' scores {scored}, not {modality}")
+        if is_group_reward(self.reward) and not request.whole_group:
+            raise wire.WireError(
+                f"reward '{self.name}' scores one prompt's whole group per call; set options.groups = true "
+                "in the recipe's remote reward (it then sends each group as one request)"
+            )
         with self._lock:
             try:
                 out = self.reward.score(request.samples, request.prompts, request.metadata)
