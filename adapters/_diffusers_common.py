@@ -24,6 +24,7 @@ from vgrpo_adapters._diffusers_export import TransformerExport
 from vgrpo_adapters._weights import ModelWeightsError as ModelWeightsError  # re-exported: its old home
 from vgrpo_adapters._weights import weight_loading_kwargs
 
+from vgrpo_platform.errors import RecipeError
 from vgrpo_platform.network import CoreCalledAdapter
 from vgrpo_platform.noise_schedules import RectifiedFlowSchedule
 from vgrpo_platform.protocols import BuildContext, Conditioning, Samples
@@ -129,6 +130,16 @@ def static_shift(scheduler_config: Any, image_seq_len: int) -> float:
 
 
 # --------------------------------------------------------------------------------- prompt cache
+
+
+def resized_source(image: torch.Tensor, height: int, width: int, device: torch.device) -> torch.Tensor:
+    """``[3, h, w]`` in ``[0, 1]`` -> ``[3, height, width]`` float32 in ``[-1, 1]`` (bicubic, antialiased,
+    when the size differs; the pipelines resize with PIL, so only a source of the output's size is
+    pixel-identical to theirs)."""
+    x = image.to(device, torch.float32)[None]
+    if x.shape[-2:] != (height, width):
+        x = torch.nn.functional.interpolate(x, size=(height, width), mode="bicubic", antialias=True)
+    return x[0].clamp(0, 1) * 2 - 1
 
 
 class PromptCache:
@@ -379,6 +390,29 @@ class DiffusersImageAdapter(DiffusersFlowAdapter):
     def _vae_decode(self, part: torch.Tensor) -> torch.Tensor:
         """A chunk of latents -> images ``[b, 3, H, W]`` float32 in ``~[-1, 1]``."""
         cfg = self.vae.config
-        shift = cfg.shift_factor if getattr(cfg, "shift_factor", None) is not None else 0.0
-        x = part.to(self.device, self.vae.dtype) / cfg.scaling_factor + shift
+        x = part.to(self.device, self.vae.dtype) / cfg.scaling_factor + self._vae_shift()
         return self.vae.decode(x, return_dict=False)[0].float()
+
+    def _vae_shift(self) -> float:
+        cfg = self.vae.config
+        return cfg.shift_factor if getattr(cfg, "shift_factor", None) is not None else 0.0
+
+    @torch.no_grad()
+    def encode_images(self, images: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Images ``[3, h, w]`` in ``[0, 1]`` (any size: resized to the resolution) -> latents
+        ``[N, *latent_shape]`` float32 on the CPU, what ``decode`` inverts: ``[train.data_anchor]``'s data."""
+        side = self.resolution
+        x = torch.stack([resized_source(im, side, side, self.device) for im in images])  # [N, 3, H, W]
+        return torch.cat([self._vae_encode(part).float().cpu() for part in x.split(self.decode_chunk_size)])
+
+    def _vae_encode(self, images: torch.Tensor) -> torch.Tensor:
+        """Images ``[b, 3, H, W]`` in ``[-1, 1]`` -> scaled latents ``[b, C, h, w]``: the VAE posterior's
+        mode, then ``(x - shift_factor) * scaling_factor``, the inverse of ``_vae_decode`` (as the img2img
+        and Kontext pipelines encode with ``sample_mode="argmax"``)."""
+        if type(self)._vae_decode is not DiffusersImageAdapter._vae_decode:
+            raise RecipeError(
+                f"{self.display_name} has no image encoder for data yet (its latents are normalised its own "
+                "way); give train.data_anchor.source as a .safetensors file of latents instead"
+            )
+        latents = self.vae.encode(images.to(self.vae.dtype)).latent_dist.mode()
+        return ((latents - self._vae_shift()) * self.vae.config.scaling_factor).to(self.dtype)

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import torch
 from vgrpo_adapters._diffusers_common import DiffusersFlowAdapter
+from vgrpo_adapters._diffusers_common import resized_source as resized_source  # re-exported: its old home
 
 from vgrpo_platform.errors import RecipeError
 from vgrpo_platform.protocols import Conditioning
@@ -50,13 +51,3 @@ class ConditionImageMixin:
                 f"{self.adapter_name} takes exactly one condition image per prompt, got {counts}; give one "
                 '"image" path per line'
             )
-
-
-def resized_source(image: torch.Tensor, height: int, width: int, device: torch.device) -> torch.Tensor:
-    """``[3, h, w]`` in ``[0, 1]`` -> ``[3, height, width]`` float32 in ``[-1, 1]`` (bicubic, antialiased,
-    when the size differs; the pipelines resize with PIL, so only a source of the output's size is
-    pixel-identical to theirs)."""
-    x = image.to(device, torch.float32)[None]
-    if x.shape[-2:] != (height, width):
-        x = torch.nn.functional.interpolate(x, size=(height, width), mode="bicubic", antialias=True)
-    return x[0].clamp(0, 1) * 2 - 1

@@ -51,13 +51,6 @@ class FluxKontextAdapter(ConditionImageMixin, FluxAdapter):
         cond["image_latents"] = self.pack(self._vae_encode(sources))
         return cond
 
-    def _vae_encode(self, images: torch.Tensor) -> torch.Tensor:
-        """Images ``[B, 3, H, W]`` in ``[-1, 1]`` -> scaled latents ``[B, C, h, w]`` (the distribution's mode,
-        as ``FluxKontextPipeline._encode_vae_image``)."""
-        cfg = self.vae.config
-        latents = self.vae.encode(images.to(self.vae.dtype)).latent_dist.mode()
-        return ((latents - cfg.shift_factor) * cfg.scaling_factor).to(self.dtype)
-
     def denoiser_inputs(self, z: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> dict[str, Any]:
         inputs = super().denoiser_inputs(z, t, cond)
         source = cond["image_latents"].to(self.device, self.dtype)  # [B, N, 4C]

@@ -175,6 +175,14 @@ class QwenImageAdapter(TrueCFGMixin, DiffusersImageAdapter):
         return self.unpack(combined * scale).to(z.dtype)
 
     # ------------------------------------------------------------------------------------ decode
+    def _vae_encode(self, images: torch.Tensor) -> torch.Tensor:
+        """Images ``[b, 3, H, W]`` in ``[-1, 1]`` -> normalised latents ``[b, C, h, w]``: the inverse of
+        ``_vae_decode`` (the posterior's mode of a one-frame video, then ``(x - mean) / std``)."""
+        x = images.to(self.device, self.vae.dtype)[:, :, None]  # [b, 3, 1, H, W]
+        latents = self.vae.encode(x).latent_dist.mode().float()  # [b, C, 1, h, w]
+        latents = (latents - self._latents_mean.to(latents.device)) / self._latents_std.to(latents.device)
+        return latents[:, :, 0].to(self.dtype)
+
     def _vae_decode(self, part: torch.Tensor) -> torch.Tensor:
         """Latents ``[b, C, h, w]`` -> images ``[b, 3, H, W]`` through the video VAE (a one-frame axis)."""
         x = part.to(self.device, torch.float32)[:, :, None]  # [b, C, 1, h, w]

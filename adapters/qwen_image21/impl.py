@@ -46,6 +46,7 @@ import torch
 from diffusers import QwenImage21Pipeline
 from vgrpo_adapters.qwen_image.impl import QwenImageAdapter, pad_text
 
+from vgrpo_platform.errors import RecipeError
 from vgrpo_platform.protocols import Conditioning
 
 VAE_SCALE = 16
@@ -143,6 +144,12 @@ class QwenImage21Adapter(QwenImageAdapter):
         with self.network.branch("uncond"):  # a second call per step: its own cache state
             v_null = self.network_velocity(z, t, self.null_conditioning(cond, z.shape[0]))
         return (v_null + self.cfg_scale * (v_cond - v_null)).to(z.dtype)
+
+    def _vae_encode(self, images: torch.Tensor) -> torch.Tensor:
+        raise RecipeError(
+            f"{self.display_name} has no image encoder for data yet (its VAE takes an alpha channel); give "
+            "train.data_anchor.source as a .safetensors file of latents instead"
+        )
 
     def _vae_decode(self, part: torch.Tensor) -> torch.Tensor:
         """Latents ``[b, C, h, w]`` -> RGB images ``[b, 3, H, W]`` (the VAE's alpha channel dropped)."""

@@ -7,12 +7,12 @@ distribution the shipped model was pretrained on, never the held-out composition
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
-from safetensors.torch import save_file
 from vgrpo_rewards.shapes.world import train_prompts
+
+from vgrpo_platform.training.iteration.data_anchor import write_anchor_data
 
 from .pretrain import render_batch
 
@@ -25,8 +25,4 @@ def write_shapes_anchor(path: str | Path, n: int, *, seed: int = 0, resolution: 
     rng = np.random.default_rng(seed)
     pool = train_prompts()
     prompts = [pool[i] for i in rng.integers(len(pool), size=n)]
-    latents = render_batch(prompts, rng, resolution).contiguous()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file({"latents": latents}, str(path), metadata={"prompts": json.dumps(prompts)})
-    return path
+    return write_anchor_data(path, render_batch(prompts, rng, resolution), prompts)

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from diffusers import SD3Transformer2DModel
 from transformers import CLIPTextModelWithProjection, CLIPTokenizer
+from vgrpo_adapters._diffusers_common import resized_source
 from vgrpo_adapters._diffusers_export import LORA_FILE, TransformerExport
 from vgrpo_adapters._weights import weight_loading_kwargs
 from vgrpo_adapters.toy import ToyAdapterConfig
@@ -179,6 +180,12 @@ class ToyAdapter(CoreCalledAdapter, TransformerExport):
     def decode(self, latents: torch.Tensor) -> Samples:
         """``[-1, 1]`` pixels -> ``[0, 1]`` images ``[B, 3, R, R]`` (float32, clamped)."""
         return Samples("image", ((latents.float() + 1) / 2).clamp(0, 1))
+
+    def encode_images(self, images: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Images ``[3, h, w]`` in ``[0, 1]`` -> latents ``[N, 3, R, R]`` in ``[-1, 1]`` (resized to the
+        resolution): ``decode``'s inverse, data for ``[train.data_anchor]``."""
+        side = self.resolution
+        return torch.stack([resized_source(im, side, side, torch.device("cpu")) for im in images])
 
     # ------------------------------------------------------------------------------------ export
     @property

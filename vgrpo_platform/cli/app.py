@@ -412,6 +412,32 @@ def report(
     typer.echo(str(index))
 
 
+@app.command("anchor-data")
+def anchor_data_command(
+    recipe: Path = RecipeArg,
+    images: Path = typer.Option(
+        ...,
+        "--images",
+        help="A folder of images with a metadata.jsonl ({'file_name': ..., 'text': ...} per line).",
+        show_default=False,
+    ),
+    out: Path = typer.Option(..., "--out", help="The .safetensors file to write.", show_default=False),
+    batch_size: int = typer.Option(8, "--batch-size", min=1, help="Images encoded at once."),
+    overrides: list[str] | None = SetOpt,
+    debug: bool = DebugOpt,
+) -> None:
+    """Encode a folder of captioned images with the recipe's model into a [train.data_anchor] file.
+
+    The images are resized to the adapter's resolution and encoded once (the VAE's posterior mode for
+    latent models, the pixels for pixel-space ones); set train.data_anchor.source to the file written.
+    """
+    with user_errors(debug):
+        resolved = _resolve(recipe, overrides)
+        anchor_images = importlib.import_module("vgrpo_platform.cli.anchor_images")  # heavy: torch, models
+        written = anchor_images.write_from_recipe(resolved, images, out, batch_size=batch_size)
+    typer.echo(written)
+
+
 @app.command("export")
 def export_command(
     recipe: Path = RecipeArg,

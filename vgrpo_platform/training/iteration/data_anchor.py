@@ -68,6 +68,18 @@ def load_anchor_data(path: str | Path) -> tuple[torch.Tensor, list[str]]:
     return latents, prompts
 
 
+def write_anchor_data(path: str | Path, latents: torch.Tensor, prompts: list[str]) -> Path:
+    """Write what ``load_anchor_data`` reads: tensor ``latents`` ``[N, *L]``, metadata ``prompts`` (JSON)."""
+    from safetensors.torch import save_file
+
+    if latents.shape[0] != len(prompts) or not prompts:
+        raise ValueError(f"{latents.shape[0]} latents but {len(prompts)} prompts; give one prompt per latent")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({"latents": latents.contiguous()}, str(path), metadata={"prompts": json.dumps(prompts)})
+    return path
+
+
 def anchor_generator(seed: int, step: int) -> torch.Generator:
     """The anchor's generator for optimiser step ``step``: a function of the two only."""
     return torch.Generator().manual_seed(seed * 1_000_003 + step)
