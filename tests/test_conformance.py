@@ -38,6 +38,11 @@ BUILTINS = [
     if s.distribution == "vgrpo" and s.kind in ("adapter", "reward")
 ]
 SHAPES_PROMPTS = ["a red circle", "a blue square", "two green triangles", "a red circle above a blue square"]
+MOVING_SHAPES_PROMPTS = [
+    "a red square rises",
+    "a blue circle moving left",
+    "a red square falls while a blue circle rises",
+]
 
 
 def _tiny_diffusers(
@@ -304,6 +309,7 @@ TINY: dict[tuple[str, str], tuple[Any, Any]] = {
     ("reward", "brightness"): ({}, {}),
     ("reward", "target_color"): ({}, {}),
     ("reward", "shapes"): ({}, {"prompts": SHAPES_PROMPTS * 2}),
+    ("reward", "moving_shapes"): ({}, {"prompts": MOVING_SHAPES_PROMPTS * 2}),  # video samples: the default
     ("reward", "jpeg"): ({}, {}),
     ("reward", "diversity"): ({}, {}),  # a group reward: the kit hands it one prompt's group
     ("reward", "ocr"): ({}, _ocr_inputs),
