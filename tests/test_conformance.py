@@ -224,6 +224,12 @@ def _tiny_zimage(folder: Path) -> dict[str, Any]:
     return {"model": str(folder), "resolution": RESOLUTION, "max_sequence_length": ZIMAGE_TOKENS}
 
 
+def _tiny_moving_shapes(folder: Path) -> dict[str, Any]:
+    from tiny_moving_shapes import build_tiny_moving_shapes
+
+    return build_tiny_moving_shapes(folder)
+
+
 def _tiny_ltx2(folder: Path) -> dict[str, Any]:
     import tiny_ltx2 as tl
 
@@ -268,6 +274,7 @@ def _image_samples(n: int = 4) -> dict[str, Any]:
 TINY: dict[tuple[str, str], tuple[Any, Any]] = {
     ("adapter", "toy"): ({}, {}),
     ("adapter", "shapes"): ({"resolution": 16}, {}),  # the weights ship with vgrpo
+    ("adapter", "moving_shapes"): (_tiny_moving_shapes, {}),
     ("adapter", "sd3"): (_tiny_diffusers("build_tiny_sd3"), {}),
     ("adapter", "flux"): (_tiny_diffusers("build_tiny_flux"), {}),
     ("adapter", "flux_kontext"): (_tiny_kontext, _edits),  # an editing adapter: prompts carry sources

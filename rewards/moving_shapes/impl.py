@@ -6,8 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
-from vgrpo_rewards.shapes.detect import DetectorParams
-from vgrpo_rewards.shapes.impl import objective_score, score_tensors, to_uint8
+from vgrpo_rewards.shapes.impl import detector_params, objective_score, score_tensors, to_uint8
 
 from vgrpo_platform.protocols import Samples
 
@@ -26,12 +25,7 @@ class MovingShapesReward:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.params = DetectorParams(
-            value_threshold=config.value_threshold,
-            saturation_threshold=config.saturation_threshold,
-            min_area_frac=config.min_area_frac,
-            max_objects=config.max_objects,
-        )
+        self.params = detector_params(config)
         self.weights = config.weights.model_dump()
 
     def score(

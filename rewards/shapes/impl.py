@@ -33,12 +33,7 @@ class ShapesReward:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.params = DetectorParams(
-            value_threshold=config.value_threshold,
-            saturation_threshold=config.saturation_threshold,
-            min_area_frac=config.min_area_frac,
-            max_objects=config.max_objects,
-        )
+        self.params = detector_params(config)
         self.weights = config.weights.model_dump()
 
     def score(
@@ -59,6 +54,16 @@ class ShapesReward:
             s["score"] = objective_score(s, self.weights, applies, self.config.objective)
             rows.append(s)
         return score_tensors(rows, ("score", *CRITERIA, "correct"), data.device)
+
+
+def detector_params(config: Any) -> DetectorParams:
+    """The detector's thresholds from a reward config that declares them (``shapes``, ``moving_shapes``)."""
+    return DetectorParams(
+        value_threshold=config.value_threshold,
+        saturation_threshold=config.saturation_threshold,
+        min_area_frac=config.min_area_frac,
+        max_objects=config.max_objects,
+    )
 
 
 def objective_score(
