@@ -97,3 +97,37 @@ class TransformerExport:
     def _export_facts(self) -> dict[str, Any]:
         """What the note records besides the base model: the size trained at and the timestep shift."""
         return {"resolution": self.resolution, "shift": self.schedule.shift}
+
+
+class FolderModelExport(TransformerExport):
+    """``TransformerExport`` for a pixel-space model loaded from a folder of its three parts
+    (``transformer/``, ``text_encoder/``, ``tokenizer/``: ``toy``, ``shapes``, ``moving_shapes``). There is
+    no pipeline to build (no VAE): ``pipeline_class`` only lends its ``save_lora_weights`` (the LoRA layout
+    of the transformer's family), the LoRA loads into the bare transformer, and full fine-tuning writes a
+    whole folder that ``adapter.options.model_path`` loads. Expects ``model_folder``, ``text_encoder`` and
+    ``tokenizer`` on the adapter besides what ``TransformerExport`` expects."""
+
+    model_folder: Any
+    text_encoder: Any
+    tokenizer: Any
+    folder_placeholder: str = "<model folder>"  # the base model's name when the folder is unknown
+
+    def _base_model(self) -> str:
+        return str(self.model_folder) if self.model_folder is not None else self.folder_placeholder
+
+    def _lora_load_hint(self, out: Path, base: str) -> str:
+        # weight_name: with a file path instead, diffusers drops the metadata and guesses alpha = rank
+        return (
+            f"{type(self.denoiser).__name__}.from_pretrained('{base}/transformer')"
+            f".load_lora_adapter('{out}', weight_name='{LORA_FILE}')"
+        )
+
+    def _save_full(self, out: Path) -> None:
+        """A whole model folder, so ``adapter.options.model_path`` can point at the export."""
+        self.denoiser.save_pretrained(out / "transformer")
+        self.text_encoder.save_pretrained(out / "text_encoder")
+        self.tokenizer.save_pretrained(out / "tokenizer")
+
+    def _full_load_hint(self, folder: Path) -> str:
+        folder = folder.parent
+        return f"[adapter.options] model_path = '{folder}' (or {type(self).__name__}.load('{folder}'))"

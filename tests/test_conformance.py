@@ -38,6 +38,11 @@ BUILTINS = [
     if s.distribution == "vgrpo" and s.kind in ("adapter", "reward")
 ]
 SHAPES_PROMPTS = ["a red circle", "a blue square", "two green triangles", "a red circle above a blue square"]
+MOVING_SHAPES_PROMPTS = [
+    "a red square rises",
+    "a blue circle moving left",
+    "a red square falls while a blue circle rises",
+]
 
 
 def _tiny_diffusers(
@@ -219,6 +224,12 @@ def _tiny_zimage(folder: Path) -> dict[str, Any]:
     return {"model": str(folder), "resolution": RESOLUTION, "max_sequence_length": ZIMAGE_TOKENS}
 
 
+def _tiny_moving_shapes(folder: Path) -> dict[str, Any]:
+    from tiny_moving_shapes import build_tiny_moving_shapes
+
+    return build_tiny_moving_shapes(folder)
+
+
 def _tiny_ltx2(folder: Path) -> dict[str, Any]:
     import tiny_ltx2 as tl
 
@@ -263,6 +274,7 @@ def _image_samples(n: int = 4) -> dict[str, Any]:
 TINY: dict[tuple[str, str], tuple[Any, Any]] = {
     ("adapter", "toy"): ({}, {}),
     ("adapter", "shapes"): ({"resolution": 16}, {}),  # the weights ship with vgrpo
+    ("adapter", "moving_shapes"): (_tiny_moving_shapes, {}),
     ("adapter", "sd3"): (_tiny_diffusers("build_tiny_sd3"), {}),
     ("adapter", "flux"): (_tiny_diffusers("build_tiny_flux"), {}),
     ("adapter", "flux_kontext"): (_tiny_kontext, _edits),  # an editing adapter: prompts carry sources
@@ -304,6 +316,7 @@ TINY: dict[tuple[str, str], tuple[Any, Any]] = {
     ("reward", "brightness"): ({}, {}),
     ("reward", "target_color"): ({}, {}),
     ("reward", "shapes"): ({}, {"prompts": SHAPES_PROMPTS * 2}),
+    ("reward", "moving_shapes"): ({}, {"prompts": MOVING_SHAPES_PROMPTS * 2}),  # video samples: the default
     ("reward", "jpeg"): ({}, {}),
     ("reward", "diversity"): ({}, {}),  # a group reward: the kit hands it one prompt's group
     ("reward", "ocr"): ({}, _ocr_inputs),

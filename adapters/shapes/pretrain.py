@@ -19,17 +19,24 @@ timesteps; the same ``--steps`` and ``--seed`` give the same model up to float s
 from __future__ import annotations
 
 import json
-import math
-import shutil
 import tempfile
-import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from vgrpo_adapters._flow_pretrain import (  # the shared loop; names re-exported for this module's users
+    LOAD_PATH_KEYS as LOAD_PATH_KEYS,
+)
+from vgrpo_adapters._flow_pretrain import PretrainConfig as PretrainConfig
+from vgrpo_adapters._flow_pretrain import averaged as averaged
+from vgrpo_adapters._flow_pretrain import drop_load_path as drop_load_path
+from vgrpo_adapters._flow_pretrain import ema_with_warmup as ema_with_warmup
+from vgrpo_adapters._flow_pretrain import evaluate_with, train_flow_model
+from vgrpo_adapters._flow_pretrain import flow_matching_loss as flow_matching_loss
+from vgrpo_adapters._flow_pretrain import lr_factor as lr_factor
+from vgrpo_adapters._flow_pretrain import save_model as save_model
 from vgrpo_adapters.toy.build import build_toy_model
 from vgrpo_adapters.toy.impl import ToyAdapter
 from vgrpo_rewards.shapes import Config as ShapesRewardConfig
@@ -46,7 +53,6 @@ from vgrpo_rewards.shapes.world import (
 )
 
 from vgrpo_platform.protocols import SamplerSpec
-from vgrpo_platform.training.iteration.optimizer import lr_factor as schedule_factor
 
 REPORT_FILE = "pretrain_report.json"
 EVAL_SAMPLER = SamplerSpec("dpmsolver++", 8)  # what the quickstart's rollouts and evals use
@@ -75,22 +81,6 @@ class ModelSize:
     max_prompt_tokens: int = 16  # the longest prompt is 11 words + BOS + EOS
 
 
-@dataclass(frozen=True)
-class PretrainConfig:
-    steps: int = 14000
-    batch_size: int = 32
-    lr: float = 2e-3
-    lr_final_ratio: float = 0.05  # cosine decay from lr to lr * this over the steps
-    warmup_steps: int = 200
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    ema_decay: float = 0.999  # the saved model is this EMA of the weights
-    shift: float = 3.0  # the ``shapes`` adapter's sampling shift, used by the evaluations
-    train_shift: float = 1.0  # timestep shift of the training draws (1 = uniform t)
-    seed: int = 0
-    max_minutes: float | None = None  # wall-clock cap; None = run all steps
-
-
 STAGE_1 = PretrainConfig()
 """From random weights: one cosine cycle (what shipped until the model got a second stage)."""
 STAGE_2 = PretrainConfig(steps=8000, lr=4e-4, warmup_steps=200, seed=1)
@@ -108,20 +98,7 @@ def render_batch(prompts: Sequence[str], rng: np.random.Generator, size: int) ->
     return torch.from_numpy(imgs).permute(0, 3, 1, 2).float().div(127.5).sub(1.0)
 
 
-def flow_matching_loss(
-    adapter: ToyAdapter, x0: torch.Tensor, prompts: Sequence[str], generator: torch.Generator
-) -> torch.Tensor:
-    """Rectified-flow MSE ``|v_theta(z_t, t) - (eps - x0)|^2`` at ``t = warp(u)``; ``x0`` ``[B, 3, R, R]``."""
-    b = x0.shape[0]
-    t = adapter.schedule.warp(torch.rand(b, generator=generator))  # [B]
-    eps = torch.randn(x0.shape, generator=generator)  # [B, 3, R, R]
-    z_t = adapter.schedule.noise(x0, eps, t)
-    v = adapter.predict(z_t, t, adapter.encode_with_grad(prompts))
-    return torch.nn.functional.mse_loss(v, eps - x0)
-
-
 # ------------------------------------------------------------------------------------- evaluation
-@torch.no_grad()
 def evaluate(
     adapter: ToyAdapter,
     prompts: Sequence[str],
@@ -132,19 +109,7 @@ def evaluate(
     """Mean per-criterion scores (``color``, ``shape``, ``count``, ``position``, ``correct``) of the
     model's samples, one sample per prompt and seed; seed ``s`` fixes the noise of every prompt."""
     reward = ShapesReward(ShapesRewardConfig())
-    totals = {k: 0.0 for k in (*CRITERIA, "correct")}
-    n = 0
-    for seed in seeds:
-        gen = torch.Generator().manual_seed(seed)
-        for start in range(0, len(prompts), batch_size):
-            part = list(prompts[start : start + batch_size])
-            noise = torch.randn(len(part), *adapter.latent_shape(), generator=gen).to(adapter.device)
-            x0 = adapter.sample(noise, adapter.encode_prompts(part), sampler)
-            scores = reward.score(adapter.decode(x0), part, [{}] * len(part))
-            for k in totals:
-                totals[k] += scores[k].sum().item()
-            n += len(part)
-    return {k: v / n for k, v in totals.items()}
+    return evaluate_with(reward, CRITERIA, adapter, prompts, seeds, sampler, batch_size)
 
 
 def evaluate_splits(
@@ -197,40 +162,20 @@ def pretrain(
             adapter = ToyAdapter.load(
                 build_initial(Path(tmp) / "init", size, config.seed), shift=config.train_shift
             )
-    adapter.denoiser.train()
-    adapter.text_encoder.requires_grad_(True).train()
-    params = [*adapter.denoiser.parameters(), *adapter.text_encoder.parameters()]
-    ema = torch.optim.swa_utils.AveragedModel(
-        torch.nn.ModuleList([adapter.denoiser, adapter.text_encoder]),
-        avg_fn=ema_with_warmup(config.ema_decay),
-    )
-    opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, config))
-    t0 = time.perf_counter()
-    loss_ema, step = math.nan, 0
-    for step in range(1, config.steps + 1):
+
+    def draw(rng: np.random.Generator) -> tuple[list[str], torch.Tensor]:
         batch = [prompts[i] for i in rng.integers(len(prompts), size=config.batch_size)]
-        x0 = render_batch(batch, rng, size.resolution)
-        loss = flow_matching_loss(adapter, x0, batch, gen)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
-        opt.step()
-        sched.step()
-        ema.update_parameters(torch.nn.ModuleList([adapter.denoiser, adapter.text_encoder]))
-        loss_ema = loss.item() if math.isnan(loss_ema) else 0.98 * loss_ema + 0.02 * loss.item()
-        elapsed = time.perf_counter() - t0
-        if step % 100 == 0 or step == config.steps:
-            log(f"step {step}/{config.steps}  loss {loss_ema:.4f}  {elapsed / 60:.1f} min")
+        return batch, render_batch(batch, rng, size.resolution)
+
+    def on_step(step: int, ema: torch.optim.swa_utils.AveragedModel) -> None:
         if eval_every and step % eval_every == 0:
             with averaged(adapter, ema):
                 _eval_log(adapter, log, step, config.shift)
                 if snapshot_dir is not None:
                     save_model(adapter, Path(snapshot_dir) / f"step_{step}")
-        if config.max_minutes is not None and elapsed > 60 * config.max_minutes:
-            log(f"stopping at step {step}: {config.max_minutes} min cap reached")
-            break
-    seconds = time.perf_counter() - t0
+
+    result = train_flow_model(adapter, config, draw, rng, gen, log=log, on_step=on_step)
+    step, seconds, loss_ema, ema = result.step, result.seconds, result.loss_ema, result.ema
     with averaged(adapter, ema):
         save_model(adapter, out)
     report: dict = {
@@ -290,45 +235,6 @@ def pretrain_stages(
     return final
 
 
-def ema_with_warmup(decay: float) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
-    """EMA step for ``AveragedModel``: the decay ramps up as ``(1 + n) / (10 + n)`` to ``decay``, so
-    the random initial weights are forgotten quickly (a plain 0.999 EMA keeps 13% of them at step 2000)."""
-
-    def average(averaged: torch.Tensor, current: torch.Tensor, num_averaged: torch.Tensor) -> torch.Tensor:
-        n = float(num_averaged)
-        d = min(decay, (1.0 + n) / (10.0 + n))
-        return averaged * d + current * (1.0 - d)
-
-    return average
-
-
-def lr_factor(step: int, config: PretrainConfig) -> float:
-    """Linear warm-up, then a cosine from 1 to ``lr_final_ratio`` at ``config.steps``."""
-    return schedule_factor(
-        step,
-        warmup_steps=config.warmup_steps,
-        total_steps=config.steps,
-        schedule="cosine",
-        final_ratio=config.lr_final_ratio,
-    )
-
-
-@contextmanager
-def averaged(adapter: ToyAdapter, ema: torch.optim.swa_utils.AveragedModel) -> Iterator[None]:
-    """Swap the EMA weights into the adapter's modules for the block, then put the trained ones back."""
-    modules = torch.nn.ModuleList([adapter.denoiser, adapter.text_encoder])
-    trained = [p.detach().clone() for p in modules.parameters()]
-    with torch.no_grad():
-        for p, q in zip(modules.parameters(), ema.module.parameters(), strict=True):
-            p.copy_(q)
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for p, q in zip(modules.parameters(), trained, strict=True):
-                p.copy_(q)
-
-
 def _eval_log(adapter: ToyAdapter, log: Callable[[str], None], step: int, shift: float) -> None:
     adapter.denoiser.eval()
     sampling = ToyAdapter(adapter.denoiser, adapter.text_encoder, adapter.tokenizer, shift=shift)
@@ -336,27 +242,3 @@ def _eval_log(adapter: ToyAdapter, log: Callable[[str], None], step: int, shift:
     adapter.denoiser.train()
     adapter.text_encoder.requires_grad_(True).train()  # the sampling view froze it
     log(f"eval @{step}: " + "  ".join(f"{k} {v:.3f}" for k, v in scores.items()))
-
-
-def save_model(adapter: ToyAdapter, out: Path) -> None:
-    """``save_pretrained`` of the three parts into a fresh ``out`` (fp32 safetensors)."""
-    if out.exists():
-        shutil.rmtree(out)
-    adapter.denoiser.save_pretrained(out / "transformer")
-    adapter.text_encoder.save_pretrained(out / "text_encoder")
-    adapter.tokenizer.save_pretrained(out / "tokenizer")
-    for config in sorted(out.glob("*/*.json")):
-        drop_load_path(config)
-
-
-LOAD_PATH_KEYS = ("_name_or_path", "name_or_path")
-"""Where a model was loaded from, which ``save_pretrained`` copies into its config: a folder of the machine
-that wrote it (stage 2 loads stage 1's output; the shipped weights once named the developer's work tree)."""
-
-
-def drop_load_path(config: Path) -> None:
-    """Remove ``LOAD_PATH_KEYS`` from a saved JSON config, in diffusers' layout (sorted keys, indent 2)."""
-    data = json.loads(config.read_text())
-    if isinstance(data, dict) and any(key in data for key in LOAD_PATH_KEYS):
-        kept = {k: v for k, v in data.items() if k not in LOAD_PATH_KEYS}
-        config.write_text(json.dumps(kept, indent=2, sort_keys=True, ensure_ascii=False) + "\n")

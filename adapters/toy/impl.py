@@ -20,8 +20,8 @@ import torch
 from diffusers import SD3Transformer2DModel
 from transformers import CLIPTextModelWithProjection, CLIPTokenizer
 from vgrpo_adapters._diffusers_common import resized_source
-from vgrpo_adapters._diffusers_export import LORA_FILE, TransformerExport
-from vgrpo_adapters._weights import weight_loading_kwargs
+from vgrpo_adapters._diffusers_export import FolderModelExport
+from vgrpo_adapters._weights import load_model_folder
 from vgrpo_adapters.toy import ToyAdapterConfig
 from vgrpo_adapters.toy.build import build_toy_model, is_built
 
@@ -35,10 +35,11 @@ TIMESTEP_SCALE = 1000.0
 HEAD_DIM, TEXT_DIM, MAX_PROMPT_TOKENS = 16, 32, 32  # fixed sizes of a built toy model
 
 
-class ToyAdapter(CoreCalledAdapter, TransformerExport):
+class ToyAdapter(CoreCalledAdapter, FolderModelExport):
     """SD3 MMDiT (trained) + CLIP text encoder (frozen) + byte-level CLIP tokenizer."""
 
     modality = "image"
+    folder_placeholder = "<toy model folder>"
     lora_target_modules: Sequence[str] = ("to_q", "to_k", "to_v", "to_out.0", "proj_out", "norm_out.linear")
 
     def __init__(
@@ -93,13 +94,13 @@ class ToyAdapter(CoreCalledAdapter, TransformerExport):
         missing = [sub for sub in ("transformer", "text_encoder", "tokenizer") if not (path / sub).is_dir()]
         if missing:
             raise FileNotFoundError(f"toy model folder {path} lacks the subfolder(s) {', '.join(missing)}")
-        safe = weight_loading_kwargs(
-            path, allow_pickle=allow_pickle_weights, key="adapter.options.allow_pickle_weights"
+        transformer, text_encoder, tokenizer = load_model_folder(
+            path,
+            SD3Transformer2DModel,
+            CLIPTextModelWithProjection,
+            dtype=dtype or torch.float32,
+            allow_pickle=allow_pickle_weights,
         )
-        dtype = dtype or torch.float32
-        transformer = SD3Transformer2DModel.from_pretrained(path / "transformer", torch_dtype=dtype, **safe)
-        text_encoder = CLIPTextModelWithProjection.from_pretrained(path / "text_encoder", dtype=dtype, **safe)
-        tokenizer = CLIPTokenizer.from_pretrained(path / "tokenizer")
         return cls(
             transformer.to(device),
             text_encoder.to(device),
@@ -194,22 +195,3 @@ class ToyAdapter(CoreCalledAdapter, TransformerExport):
         from diffusers import StableDiffusion3Pipeline
 
         return StableDiffusion3Pipeline
-
-    def _base_model(self) -> str:
-        return str(self.model_folder) if self.model_folder is not None else "<toy model folder>"
-
-    def _lora_load_hint(self, out: Path, base: str) -> str:
-        # weight_name: with a file path instead, diffusers drops the metadata and guesses alpha = rank
-        return (
-            f"SD3Transformer2DModel.from_pretrained('{base}/transformer')"
-            f".load_lora_adapter('{out}', weight_name='{LORA_FILE}')"
-        )
-
-    def _save_full(self, out: Path) -> None:
-        """A whole model folder, so ``adapter.options.model_path`` can point at the export."""
-        self.denoiser.save_pretrained(out / "transformer")
-        self.text_encoder.save_pretrained(out / "text_encoder")
-        self.tokenizer.save_pretrained(out / "tokenizer")
-
-    def _full_load_hint(self, folder: Path) -> str:
-        return f"[adapter.options] model_path = '{folder.parent}' (or ToyAdapter.load('{folder.parent}'))"

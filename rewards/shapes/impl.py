@@ -33,12 +33,7 @@ class ShapesReward:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.params = DetectorParams(
-            value_threshold=config.value_threshold,
-            saturation_threshold=config.saturation_threshold,
-            min_area_frac=config.min_area_frac,
-            max_objects=config.max_objects,
-        )
+        self.params = detector_params(config)
         self.weights = config.weights.model_dump()
 
     def score(
@@ -55,16 +50,37 @@ class ShapesReward:
         for img, prompt in zip(to_uint8(data), prompts, strict=True):
             spec = parse_prompt(prompt)
             s = score_image(img, spec, self.params)
-            applies = {c: c != "position" or spec.relation is not None for c in CRITERIA}
-            total = sum(self.weights[c] for c in CRITERIA if applies[c])
-            partial = (
-                sum(self.weights[c] * s[c] for c in CRITERIA if applies[c]) / total if total else s["correct"]
-            )
-            product = math.prod(s[c] ** self.weights[c] for c in CRITERIA if applies[c])
-            by_objective = {"correct": s["correct"], "partial": partial, "product": product}
-            s["score"] = by_objective[self.config.objective]
+            applies = [c for c in CRITERIA if c != "position" or spec.relation is not None]
+            s["score"] = objective_score(s, self.weights, applies, self.config.objective)
             rows.append(s)
-        keys = ("score", *CRITERIA, "correct")
-        return {
-            k: torch.tensor([r[k] for r in rows], dtype=torch.float32, device=data.device) for k in keys
-        }  # [B]
+        return score_tensors(rows, ("score", *CRITERIA, "correct"), data.device)
+
+
+def detector_params(config: Any) -> DetectorParams:
+    """The detector's thresholds from a reward config that declares them (``shapes``, ``moving_shapes``)."""
+    return DetectorParams(
+        value_threshold=config.value_threshold,
+        saturation_threshold=config.saturation_threshold,
+        min_area_frac=config.min_area_frac,
+        max_objects=config.max_objects,
+    )
+
+
+def objective_score(
+    scores: Mapping[str, float], weights: Mapping[str, float], criteria: Sequence[str], objective: str
+) -> float:
+    """One sample's score from its per-criterion ``scores`` over the ``criteria`` that apply: their
+    weighted mean (``"partial"``; ``correct`` when no weight applies), weighted product (``"product"``,
+    weights as exponents) or the 0/1 ``correct``. Shared by the image and video worlds' rewards."""
+    total = sum(weights[c] for c in criteria)
+    partial = sum(weights[c] * scores[c] for c in criteria) / total if total else scores["correct"]
+    product = math.prod(scores[c] ** weights[c] for c in criteria)
+    by_objective = {"correct": scores["correct"], "partial": partial, "product": product}
+    return by_objective[objective]
+
+
+def score_tensors(
+    rows: Sequence[Mapping[str, float]], keys: Sequence[str], device: torch.device
+) -> dict[str, torch.Tensor]:
+    """Per-sample rows of scores -> one float32 tensor ``[B]`` per key, on ``device``."""
+    return {k: torch.tensor([r[k] for r in rows], dtype=torch.float32, device=device) for k in keys}

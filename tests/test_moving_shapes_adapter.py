@@ -1,0 +1,223 @@
+"""The ``moving_shapes`` adapter and ``pretrain-moving-shapes``: a tiny Wan video model of the world."""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+from pathlib import Path
+
+import adapter_checks as checks
+import numpy as np
+import pytest
+import torch
+from tiny_moving_shapes import TINY, build_tiny_moving_shapes
+from typer.testing import CliRunner
+from vgrpo_adapters._diffusers_export import LORA_FILE
+from vgrpo_adapters._flow_pretrain import PretrainConfig, flow_matching_loss
+from vgrpo_adapters.moving_shapes.build import build_moving_shapes_model, world_words
+from vgrpo_adapters.moving_shapes.impl import MovingShapesAdapter
+from vgrpo_adapters.moving_shapes.pretrain import (
+    REPORT_FILE,
+    pretrain_moving_shapes,
+    render_clips,
+    state_path,
+)
+from vgrpo_rewards.moving_shapes import Config as RewardConfig
+from vgrpo_rewards.moving_shapes.impl import MovingShapesReward
+from vgrpo_rewards.moving_shapes.track import CRITERIA
+from vgrpo_rewards.moving_shapes.world import all_prompts
+
+from vgrpo_platform.cli.app import add_plugin_commands, app
+from vgrpo_platform.errors import RecipeError
+from vgrpo_platform.finetune import make_trainable
+from vgrpo_platform.host.collect import default_registry
+from vgrpo_platform.ode_solvers import solve_flow_ode
+from vgrpo_platform.protocols import BuildContext, SamplerSpec
+
+PROMPTS = ["a red square rises", "a blue circle moving left while a yellow triangle falls"]
+
+
+def _load(folder: Path) -> MovingShapesAdapter:
+    return MovingShapesAdapter.load(folder, resolution=TINY.resolution, num_frames=TINY.num_frames)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("moving_shapes") / "model"
+    build_tiny_moving_shapes(path)
+    return path
+
+
+def test_plugin_loads_the_folder_relative_to_the_recipe_and_samples_a_clip(folder: Path) -> None:
+    context = BuildContext(device="cpu", seed=0, run_dir=None, recipe_dir=folder.parent)
+    options = {"model_path": "model", "resolution": TINY.resolution, "num_frames": TINY.num_frames}
+    adapter = default_registry().build("adapter", "moving_shapes", options, context)
+    assert isinstance(adapter, MovingShapesAdapter) and adapter.modality == "video"
+    assert type(adapter.denoiser).__name__ == "WanTransformer3DModel"
+    assert type(adapter.text_encoder).__name__ == "UMT5EncoderModel"
+    assert adapter.latent_shape() == (3, TINY.num_frames, TINY.resolution, TINY.resolution)
+    noise = torch.randn(2, *adapter.latent_shape(), generator=torch.Generator().manual_seed(0))
+    cond = adapter.encode_prompts(PROMPTS)
+    sampler = SamplerSpec("dpmsolver++", 3)
+    x0 = adapter.sample(noise, cond, sampler)
+    # the core's ODE solver on the adapter's velocity, called directly: the same clip
+    direct = solve_flow_ode(lambda z, t: adapter.predict(z, t, cond), noise, sampler, shift=3.0)
+    assert torch.equal(x0, direct) and not torch.equal(x0, noise)
+    clips = adapter.decode(x0)
+    assert clips.modality == "video" and clips.fps == 8.0
+    assert clips.data.shape == (2, TINY.num_frames, 3, TINY.resolution, TINY.resolution)
+    assert 0 <= float(clips.data.min()) and float(clips.data.max()) <= 1
+    scores = MovingShapesReward(RewardConfig()).score(clips, PROMPTS, [{}, {}])
+    assert set(CRITERIA) <= set(scores) and scores["score"].shape == (2,)
+
+
+def test_decode_turns_a_rendered_clip_back_into_frames_the_reward_accepts(folder: Path) -> None:
+    """The latent layout is Wan's ``[3, F, H, W]``: a rendered clip in it decodes to a correct video."""
+    adapter = MovingShapesAdapter.load(folder, resolution=32, num_frames=8)
+    prompts = ["a green square moving right while a red triangle falls", "a blue circle rises"]
+    latents = render_clips(prompts, np.random.default_rng(0), 32, 8)
+    assert latents.shape == (2, 3, 8, 32, 32) and latents.min() >= -1 and latents.max() <= 1
+    scores = MovingShapesReward(RewardConfig()).score(adapter.decode(latents), prompts, [{}, {}])
+    assert scores["correct"].tolist() == [1.0, 1.0]
+
+
+def test_prompts_are_whole_word_tokens_and_padding_is_zeroed(folder: Path) -> None:
+    adapter = _load(folder)
+    longest = max(all_prompts(), key=lambda p: len(p.split()))
+    ids = adapter.tokenizer(longest).input_ids
+    assert len(ids) == len(longest.split()) + 2 <= adapter.max_prompt_tokens  # BOS, one per word, EOS
+    assert {w for p in all_prompts() for w in p.split()} <= set(world_words())
+    embeds = adapter.encode_prompts(["a red square rises"])["prompt_embeds"]  # [1, S, D]
+    assert embeds.shape[1] == adapter.max_prompt_tokens
+    assert embeds[0, 6:].abs().sum() == 0 and embeds[0, :6].abs().sum() > 0  # 4 words + BOS + EOS
+
+
+def test_lora_targets_wan_attention_and_changes_the_velocity(folder: Path) -> None:
+    from vgrpo_platform.config.schema import TrainSection
+
+    adapter = _load(folder)
+    trainable = make_trainable(adapter, TrainSection(finetune="lora", lora_rank=2))
+    assert trainable and all("lora_" in n for n in trainable)
+    assert any("attn1.to_q" in n for n in trainable) and any("attn2.to_v" in n for n in trainable)
+    z = torch.randn(1, *adapter.latent_shape(), generator=torch.Generator().manual_seed(1))
+    t, cond = torch.tensor([0.5]), adapter.encode_prompts(PROMPTS[:1])
+    before = adapter.predict(z, t, cond)
+    with torch.no_grad():
+        for name, p in trainable.items():
+            if "lora_B" in name:
+                p.fill_(0.05)
+    assert not torch.allclose(adapter.predict(z, t, cond), before)
+
+
+def test_exported_lora_loads_into_a_bare_wan_transformer_and_predicts_the_same(
+    folder: Path, tmp_path: Path
+) -> None:
+    """The export is in Wan's diffusers LoRA layout (``transformer.``-prefixed keys, rank and alpha in the
+    file's metadata): ``WanTransformer3DModel.load_lora_adapter`` reads it into the base model."""
+    from diffusers import WanTransformer3DModel
+
+    trained = _load(folder)
+    checks.attach_trained_lora(trained)
+    assert "load_lora_adapter" in checks.export_lora(trained, tmp_path / "final")
+    transformer = WanTransformer3DModel.from_pretrained(folder / "transformer")
+    fresh = MovingShapesAdapter(
+        transformer,
+        trained.text_encoder,
+        trained.tokenizer,
+        resolution=TINY.resolution,
+        num_frames=TINY.num_frames,
+    )
+    load = partial(transformer.load_lora_adapter, tmp_path / "final", weight_name=LORA_FILE)
+    z = torch.randn(2, *trained.latent_shape(), generator=torch.Generator().manual_seed(0))
+    cond = trained.encode_prompts(PROMPTS)
+    checks.assert_reload_matches(
+        trained, fresh, load, z, torch.tensor([0.3, 0.8]), cond, atol=1e-6, rtol=1e-5
+    )
+
+
+def test_full_export_is_a_model_folder_the_adapter_loads(folder: Path, tmp_path: Path) -> None:
+    trained = _load(folder)
+    with torch.no_grad():
+        next(trained.denoiser.parameters()).add_(0.1)  # "trained": differs from the base folder
+    trained.export_trained(tmp_path / "final")
+    reloaded = _load(tmp_path / "final")
+    for a, b in zip(reloaded.denoiser.parameters(), trained.denoiser.parameters(), strict=True):
+        assert torch.equal(a, b)
+    note = json.loads((tmp_path / "final" / "vgrpo_export.json").read_text())
+    assert note["kind"] == "full" and "MovingShapesAdapter.load" in note["load"]
+
+
+def test_missing_model_path_or_parts_are_one_line_errors(tmp_path: Path) -> None:
+    context = BuildContext(device="cpu", seed=0, run_dir=None, recipe_dir=tmp_path)
+    with pytest.raises(RecipeError, match="pretrain-moving-shapes --out DIR"):
+        default_registry().build("adapter", "moving_shapes", {}, context)
+    (tmp_path / "half" / "transformer").mkdir(parents=True)
+    with pytest.raises(RecipeError, match=r"lacks text_encoder/, tokenizer/"):
+        default_registry().build("adapter", "moving_shapes", {"model_path": "half"}, context)
+
+
+def test_a_three_step_pretraining_writes_a_loadable_folder_and_its_report(tmp_path: Path) -> None:
+    config = PretrainConfig(steps=3, batch_size=2, lr=3e-3, warmup_steps=1)
+    out = tmp_path / "m"
+    report = pretrain_moving_shapes(
+        out, config, TINY, eval_seeds=(0,), log=lambda s: None, max_eval_prompts=4
+    )
+    assert report["steps"] == 3 and report["finished"] and not state_path(out).exists()
+    written = json.loads((out / REPORT_FILE).read_text())
+    assert written["eval"]["heldout"].keys() == {*CRITERIA, "correct"} == written["eval"]["train"].keys()
+    assert written["heldout_solved"] is False and written["size"]["num_frames"] == TINY.num_frames
+    loaded = _load(out)
+    assert all("name_or_path" not in json.loads(p.read_text()) for p in out.glob("*/config.json"))
+    initial = _load(build_moving_shapes_model(tmp_path / "init", TINY))
+    assert any(  # trained: the saved weights moved away from the initial ones
+        not torch.equal(a, b)
+        for a, b in zip(loaded.denoiser.parameters(), initial.denoiser.parameters(), strict=True)
+    )
+
+
+def test_a_capped_run_resumes_to_the_uninterrupted_runs_weights(tmp_path: Path) -> None:
+    """``max_minutes=0`` stops after every step; two resumes finish the schedule where one run ends."""
+    quiet = lambda s: None  # noqa: E731
+    base = PretrainConfig(steps=3, batch_size=2, lr=3e-3, warmup_steps=1)
+    pretrain_moving_shapes(tmp_path / "whole", base, TINY, eval_seeds=(), log=quiet)
+    capped = PretrainConfig(**{**base.__dict__, "max_minutes": 0.0})
+    out = tmp_path / "capped"
+    first = pretrain_moving_shapes(out, capped, TINY, eval_seeds=(), log=quiet)
+    assert first["steps"] == 1 and not first["finished"] and state_path(out).is_file()
+    longer = PretrainConfig(**{**capped.__dict__, "steps": 4})
+    with pytest.raises(RecipeError, match="saved with other config"):  # another schedule: refused
+        pretrain_moving_shapes(out, longer, TINY, eval_seeds=(), log=quiet, resume=True)
+    pretrain_moving_shapes(out, capped, TINY, eval_seeds=(), log=quiet, resume=True)
+    last = pretrain_moving_shapes(out, capped, TINY, eval_seeds=(), log=quiet, resume=True)
+    assert last["steps"] == 3 and last["finished"] and not state_path(out).exists()
+    whole, resumed = _load(tmp_path / "whole"), _load(out)
+    for a, b in zip(whole.denoiser.parameters(), resumed.denoiser.parameters(), strict=True):
+        assert torch.equal(a, b)
+    for a, b in zip(whole.text_encoder.parameters(), resumed.text_encoder.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_flow_matching_loss_takes_clips(folder: Path) -> None:
+    adapter = _load(folder)
+    x0 = render_clips(PROMPTS, np.random.default_rng(0), TINY.resolution, TINY.num_frames)
+    loss = flow_matching_loss(adapter, x0, PROMPTS, torch.Generator().manual_seed(0))
+    assert loss.ndim == 0 and torch.isfinite(loss) and loss > 0
+
+
+def test_the_command_and_both_plugins_are_registered() -> None:
+    add_plugin_commands(app)  # what `vgrpo` does at start (once per process)
+    runner = CliRunner()
+    result = runner.invoke(app, ["pretrain-moving-shapes", "--help"])
+    assert result.exit_code == 0, result.output
+    assert all(flag in result.output for flag in ("--out", "--steps", "--minutes", "--seed", "--resume"))
+    listed = runner.invoke(app, ["plugins"])
+    assert listed.exit_code == 0, listed.output
+    rows = [line for line in listed.output.splitlines() if "moving_shapes" in line]
+    assert any("adapter" in r for r in rows) and any("reward" in r for r in rows), listed.output
+
+
+def test_resume_without_a_saved_state_is_a_one_line_error(tmp_path: Path) -> None:
+    add_plugin_commands(app)
+    result = CliRunner().invoke(app, ["pretrain-moving-shapes", "--out", str(tmp_path / "m"), "--resume"])
+    assert isinstance(result.exception, RecipeError), result.output  # `vgrpo` prints it as one line
+    assert "no saved state" in str(result.exception) and not (tmp_path / "m").exists()
