@@ -254,6 +254,16 @@ def _edit_inputs() -> dict[str, Any]:
     return {**_image_samples(6), "metadata": [{"condition_image": s} for s in sources]}
 
 
+def _tones_inputs() -> dict[str, Any]:
+    """Synthesised tones-world clips (8 kHz, the reward's rate), right and wrong for their prompts."""
+    from vgrpo_rewards.tones.world import SAMPLE_RATE, synthesise
+
+    heard = ["a high beep", "a low beep", "three short clicks", "a rising tone then a mid beep"]
+    waves = torch.stack([torch.from_numpy(synthesise(p, i)) for i, p in enumerate(heard)])[:, None]
+    prompts = ["a high beep", "a high beep", "two short clicks", "a rising tone then a mid beep"]
+    return {"samples": Samples("audio", waves, sample_rate=SAMPLE_RATE), "prompts": prompts}
+
+
 def _image_samples(n: int = 4) -> dict[str, Any]:
     return {"samples": Samples("image", torch.rand(n, 3, 8, 8, generator=torch.Generator().manual_seed(0)))}
 
@@ -320,6 +330,7 @@ TINY: dict[tuple[str, str], tuple[Any, Any]] = {
     ("reward", "loudness"): ({}, {}),
     ("reward", "silence_ratio"): ({}, {}),
     ("reward", "spectral_flatness"): ({}, {}),
+    ("reward", "tones"): ({}, _tones_inputs),
     ("reward", "remote"): (_served_brightness, _image_samples),  # serves image rewards here
     ("reward", "vlm_judge"): (_fake_judge, _image_samples),
     ("reward", "geneval"): (_tiny_geneval, _geneval_inputs),
