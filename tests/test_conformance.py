@@ -254,6 +254,19 @@ def _edit_inputs() -> dict[str, Any]:
     return {**_image_samples(6), "metadata": [{"condition_image": s} for s in sources]}
 
 
+def _tiny_tones(folder: Path) -> dict[str, Any]:
+    """A tiny tones model (LongCat DiT + CLIP), its output layer off LongCat's zero init."""
+    from vgrpo_adapters.tones.build import ModelSize, build_tones_model
+    from vgrpo_adapters.tones.impl import TonesAdapter
+
+    size = ModelSize(dit_dim=32, dit_depth=1, dit_heads=2, text_dim=16, text_layers=1, text_heads=2)
+    adapter = TonesAdapter.load(build_tones_model(folder, size))
+    with torch.no_grad():
+        adapter.denoiser.proj_out.weight.normal_(0, 0.2, generator=torch.Generator().manual_seed(0))
+    adapter.denoiser.save_pretrained(folder / "transformer")
+    return {"model_path": str(folder)}
+
+
 def _tones_inputs() -> dict[str, Any]:
     """Synthesised tones-world clips (8 kHz, the reward's rate), right and wrong for their prompts."""
     from vgrpo_rewards.tones.world import SAMPLE_RATE, synthesise
@@ -310,6 +323,7 @@ TINY: dict[tuple[str, str], tuple[Any, Any]] = {
         {},
     ),
     ("adapter", "zimage"): (_tiny_zimage, {}),
+    ("adapter", "tones"): (_tiny_tones, {}),
     ("adapter", "ltx2"): (_tiny_ltx2, {}),
     ("reward", "brightness"): ({}, {}),
     ("reward", "target_color"): ({}, {}),
