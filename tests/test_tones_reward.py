@@ -85,6 +85,7 @@ def test_reward_objectives_and_details():
 def test_reward_is_a_reward_and_rejects_bad_input():
     r = reward()
     assert isinstance(r, Reward) and r.modalities == frozenset({"audio"})
+    assert all(field.description for field in plugin.Config.model_fields.values())
     good = batch(["a high beep"], ["a high beep"])
     with pytest.raises(ValueError, match="8000 Hz"):
         r.score(Samples("audio", good.data, sample_rate=16000), ["a high beep"], [{}])

@@ -29,21 +29,32 @@ class Weights(PluginConfig):
 
 
 class Config(PluginConfig):
+    """Options of the ``tones`` reward (the judge's thresholds: ``detect.DetectorParams``)."""
+
     modalities: ClassVar[frozenset[str]] = frozenset({"audio"})
 
-    # "partial": weighted mean of the criteria; "correct": the 0/1 `correct`; "product": the criteria's
-    # product (weights as exponents), dense like "partial" but, like "correct", high only when all are right
-    objective: Literal["partial", "correct", "product"] = "partial"
-    weights: Weights = Field(default_factory=Weights)
-    rel_db: float = Field(25.0, gt=0)  # an active frame is within this many dB of the clip's loudest
-    floor_db: float = Field(-20.0)  # ... and louder than this (dB of the frame's summed power spectrum)
-    click_max_s: float = Field(0.06, gt=0)  # shorter events are clicks
-    sweep_octaves: float = Field(0.8, gt=0)  # pitch change, first to last quarter, that makes a sweep
-    tonal_share: float = Field(0.2, gt=0, lt=1)  # median power share of the peak bin (+-1) that makes a tone
+    objective: Literal["partial", "correct", "product"] = Field(
+        "partial",
+        description="partial: weighted mean of the applicable criteria; correct: 1 when all are right; "
+        "product: their weighted product (dense, but high only when all are right).",
+    )
+    weights: Weights = Field(default_factory=Weights, description="Weight (or exponent) of each criterion.")
+    rel_db: float = Field(25.0, gt=0, description="An active frame is within this many dB of the loudest.")
+    floor_db: float = Field(-20.0, description="... and louder than this (dB of its summed power spectrum).")
+    click_max_s: float = Field(0.06, gt=0, description="Events shorter than this (seconds) are clicks.")
+    sweep_octaves: float = Field(
+        0.8, gt=0, description="Pitch change, first quarter to last, that makes a tone a sweep (octaves)."
+    )
+    tonal_share: float = Field(
+        0.2,
+        gt=0,
+        lt=1,
+        description="Median share of a frame's power at its peak bin (+-1) that makes a tone.",
+    )
     max_tone_s: float = Field(
-        0.4, gt=0
-    )  # longer events are sounds of no atom (the world's last 0.24 s at most)
-    max_events: int = Field(6, ge=1, le=8)  # loudest events matched to the prompt's
+        0.4, gt=0, description="Longer events are sounds of no atom (the world's last 0.24 s at most)."
+    )
+    max_events: int = Field(6, ge=1, le=8, description="The loudest events matched to the prompt's.")
 
 
 def build(config: Config, context: Any) -> Any:
