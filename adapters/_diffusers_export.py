@@ -38,6 +38,29 @@ def save_diffusers_lora(
     saver.save_lora_weights(out, transformer_lora_layers=layers, transformer_lora_adapter_metadata=metadata)
 
 
+PEFT_LORA_FILE, PEFT_LORA_CONFIG = "transformer_lora.safetensors", "transformer_lora_config.json"
+PEFT_LORA_HINT = (
+    "peft.inject_adapter_in_model(LoraConfig(**config), pipe.transformer); "
+    "peft.set_peft_model_state_dict(pipe.transformer, load_file('transformer_lora.safetensors'))"
+)
+
+
+def save_peft_lora(module: torch.nn.Module, out: Path) -> str:
+    """For a transformer whose pipeline has no LoRA loader: ``PEFT_LORA_FILE`` and its ``LoraConfig`` as
+    ``PEFT_LORA_CONFIG``, which peft's ``inject_adapter_in_model`` + ``set_peft_model_state_dict`` load;
+    returns that hint."""
+    import json
+
+    from safetensors.torch import save_file
+
+    save_file(lora_layers(module), out / PEFT_LORA_FILE)
+    metadata = lora_metadata(module)
+    if metadata is not None:
+        config = {k: (sorted(v) if isinstance(v, set) else v) for k, v in metadata.items()}
+        (out / PEFT_LORA_CONFIG).write_text(json.dumps(config, indent=2, default=str))
+    return PEFT_LORA_HINT
+
+
 def base_model_name(pipe: Any) -> str:
     """What the exported weights apply to: the pipeline's hub id or folder, when it knows it."""
     return getattr(pipe, "name_or_path", None) or "<base model>"

@@ -265,6 +265,29 @@ def _edit_inputs() -> dict[str, Any]:
     return {**_image_samples(6), "metadata": [{"condition_image": s} for s in sources]}
 
 
+def _tiny_tones(folder: Path) -> dict[str, Any]:
+    """A tiny tones model (LongCat DiT + CLIP), its output layer off LongCat's zero init."""
+    from vgrpo_adapters.tones.build import ModelSize, build_tones_model
+    from vgrpo_adapters.tones.impl import TonesAdapter
+
+    size = ModelSize(dit_dim=32, dit_depth=1, dit_heads=2, text_dim=16, text_layers=1, text_heads=2)
+    adapter = TonesAdapter.load(build_tones_model(folder, size))
+    with torch.no_grad():
+        adapter.denoiser.proj_out.weight.normal_(0, 0.2, generator=torch.Generator().manual_seed(0))
+    adapter.denoiser.save_pretrained(folder / "transformer")
+    return {"model_path": str(folder)}
+
+
+def _tones_inputs() -> dict[str, Any]:
+    """Synthesised tones-world clips (8 kHz, the reward's rate), right and wrong for their prompts."""
+    from vgrpo_rewards.tones.world import SAMPLE_RATE, synthesise
+
+    heard = ["a high beep", "a low beep", "three short clicks", "a rising tone then a mid beep"]
+    waves = torch.stack([torch.from_numpy(synthesise(p, i)) for i, p in enumerate(heard)])[:, None]
+    prompts = ["a high beep", "a high beep", "two short clicks", "a rising tone then a mid beep"]
+    return {"samples": Samples("audio", waves, sample_rate=SAMPLE_RATE), "prompts": prompts}
+
+
 def _image_samples(n: int = 4) -> dict[str, Any]:
     return {"samples": Samples("image", torch.rand(n, 3, 8, 8, generator=torch.Generator().manual_seed(0)))}
 
@@ -312,6 +335,7 @@ TINY: dict[tuple[str, str], tuple[Any, Any]] = {
         {},
     ),
     ("adapter", "zimage"): (_tiny_zimage, {}),
+    ("adapter", "tones"): (_tiny_tones, {}),
     ("adapter", "ltx2"): (_tiny_ltx2, {}),
     ("reward", "brightness"): ({}, {}),
     ("reward", "target_color"): ({}, {}),
@@ -333,6 +357,7 @@ TINY: dict[tuple[str, str], tuple[Any, Any]] = {
     ("reward", "loudness"): ({}, {}),
     ("reward", "silence_ratio"): ({}, {}),
     ("reward", "spectral_flatness"): ({}, {}),
+    ("reward", "tones"): ({}, _tones_inputs),
     ("reward", "remote"): (_served_brightness, _image_samples),  # serves image rewards here
     ("reward", "vlm_judge"): (_fake_judge, _image_samples),
     ("reward", "geneval"): (_tiny_geneval, _geneval_inputs),

@@ -9,7 +9,6 @@ Euler grid of the core's ``euler`` sampler, so rollouts equal the pipeline's.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ import torch.nn.functional as F
 from diffusers import LongCatAudioDiTPipeline
 from vgrpo_adapters._diffusers_cfg import TrueCFGMixin
 from vgrpo_adapters._diffusers_common import DiffusersFlowAdapter, static_shift
-from vgrpo_adapters._diffusers_export import lora_layers, lora_metadata
+from vgrpo_adapters._diffusers_export import save_peft_lora
 
 from vgrpo_platform.protocols import Conditioning, Samples
 
@@ -113,17 +112,7 @@ class LongCatAudioAdapter(TrueCFGMixin, DiffusersFlowAdapter):
     def _save_lora(self, out: Path, base: str) -> str:
         """``transformer_lora.safetensors`` + ``transformer_lora_config.json``: the pipeline has no LoRA
         loader, so they load with peft's ``inject_adapter_in_model`` + ``set_peft_model_state_dict``."""
-        from safetensors.torch import save_file
-
-        save_file(lora_layers(self.denoiser), out / "transformer_lora.safetensors")
-        metadata = lora_metadata(self.denoiser)
-        if metadata is not None:
-            config = {k: (sorted(v) if isinstance(v, set) else v) for k, v in metadata.items()}
-            (out / "transformer_lora_config.json").write_text(json.dumps(config, indent=2, default=str))
-        return (
-            "peft.inject_adapter_in_model(LoraConfig(**config), pipe.transformer); "
-            "peft.set_peft_model_state_dict(pipe.transformer, load_file('transformer_lora.safetensors'))"
-        )
+        return save_peft_lora(self.denoiser, out)
 
     def _full_load_hint(self, folder: Path) -> str:
         return f"LongCatAudioDiTTransformer.from_pretrained('{folder}')"

@@ -64,6 +64,27 @@ def byte_level_tokenizer(max_prompt_tokens: int = 32, words: Sequence[str] = ())
     )
 
 
+def tiny_clip_text_encoder(
+    tokenizer: CLIPTokenizer, text_dim: int, text_layers: int, text_heads: int, max_prompt_tokens: int
+) -> CLIPTextModelWithProjection:
+    """A randomly initialised CLIP text encoder for ``tokenizer`` (the global RNG draws its weights);
+    the ``tones`` model uses it too."""
+    return CLIPTextModelWithProjection(
+        CLIPTextConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=text_dim,
+            intermediate_size=2 * text_dim,
+            projection_dim=text_dim,
+            num_hidden_layers=text_layers,
+            num_attention_heads=text_heads,
+            max_position_embeddings=max_prompt_tokens,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,  # != 2: CLIP pools at the first EOS
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    )
+
+
 def build_toy_model(
     folder: str | Path,
     seed: int = 0,
@@ -105,20 +126,7 @@ def build_toy_model(
     tokenizer = byte_level_tokenizer(max_prompt_tokens, words)
     with torch.random.fork_rng(devices=[]):  # leave the caller's global RNG untouched
         torch.manual_seed(seed)
-        text_encoder = CLIPTextModelWithProjection(
-            CLIPTextConfig(
-                vocab_size=len(tokenizer),
-                hidden_size=text_dim,
-                intermediate_size=2 * text_dim,
-                projection_dim=text_dim,
-                num_hidden_layers=text_layers,
-                num_attention_heads=text_heads,
-                max_position_embeddings=max_prompt_tokens,
-                bos_token_id=tokenizer.bos_token_id,
-                eos_token_id=tokenizer.eos_token_id,  # != 2: CLIP pools at the first EOS
-                pad_token_id=tokenizer.pad_token_id,
-            )
-        )
+        text_encoder = tiny_clip_text_encoder(tokenizer, text_dim, text_layers, text_heads, max_prompt_tokens)
         transformer = SD3Transformer2DModel(
             sample_size=resolution,
             patch_size=patch_size,
