@@ -119,15 +119,23 @@ def _span(values: list[float], fmt: str) -> str:
     return f"{format(mean(values), fmt)} [{format(min(values), fmt)}, {format(max(values), fmt)}]"
 
 
+def _partial(values: list[float], fmt: str, of: int) -> str:
+    """``_span``, saying over how many seeds when some seeds lack the per-prompt record."""
+    text = _span(values, fmt)
+    return text if not values or len(values) == of else f"{text} ({len(values)} seeds)"
+
+
 def row(name: str, results: list[SeedResult], base: dict[str, Any], seeds: tuple[int, ...]) -> str:
     chosen = [r for r in results if r.seed in seeds]
+    if not chosen:
+        return f"| `{name}` | not run yet | - | - | - | - |"
     base_div = mean(base["diversity"])
     kept = [100 * r.diversity / base_div for r in chosen if r.diversity is not None]
     fell = [float(r.fell) for r in chosen if r.fell is not None]
-    drop = min((r.last - r.best for r in chosen), default=float("nan"))
+    drop = min(r.last - r.best for r in chosen)
     return (
         f"| `{name}` | {', '.join(str(r.seed) for r in chosen)} | {_span([r.last for r in chosen], '+.1f')} "
-        f"| {drop:+.1f} | {_span(kept, '.0f')} | {_span(fell, '.1f')} |"
+        f"| {drop:+.1f} | {_partial(kept, '.0f', len(chosen))} | {_partial(fell, '.1f', len(chosen))} |"
     )
 
 
