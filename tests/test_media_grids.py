@@ -116,7 +116,8 @@ def test_video_clips_are_the_first_sample_of_each_prompt_as_mp4(tmp_path: Path) 
 
 def test_an_audio_run_keeps_wavs_beside_its_grids_and_the_report_plays_them(tmp_path: Path) -> None:
     """A one-iteration LoRA run of a tiny random tones model, evaluated before and after: spectrogram
-    grids, a before/after picture, WAVs at the model's rate and length, and ``<audio>`` in the report."""
+    grids, a before/after picture, WAVs at the model's rate and length, and ``<audio>`` in the report;
+    ``vgrpo sample`` of the run writes a WAV per sample and their spectrogram grid."""
     import adapter_checks as checks
     from vgrpo_adapters import tones as tones_entry
     from vgrpo_adapters.tones.build import ModelSize, build_tones_model
@@ -127,6 +128,7 @@ def test_an_audio_run_keeps_wavs_beside_its_grids_and_the_report_plays_them(tmp_
 
     from vgrpo_platform.algo.surrogates import entry as surrogates
     from vgrpo_platform.cli.report import write_report
+    from vgrpo_platform.cli.sample import sample_to_folder
     from vgrpo_platform.config.recipe import resolve_recipe
     from vgrpo_platform.training.loop import Trainer
 
@@ -147,7 +149,8 @@ def test_an_audio_run_keeps_wavs_beside_its_grids_and_the_report_plays_them(tmp_
         "log.save_grids=true",
     ]
     registry = checks.registry_of(tones_entry, audio_rewards, surrogates)
-    run_dir = Trainer(resolve_recipe(recipe, overrides, registry=registry)).run()
+    resolved = resolve_recipe(recipe, overrides, registry=registry)
+    run_dir = Trainer(resolved).run()
     samples = run_dir / "samples"
     for it in (0, 1):
         grid = samples / f"eval_{it:06d}.png"
@@ -162,3 +165,6 @@ def test_an_audio_run_keeps_wavs_beside_its_grids_and_the_report_plays_them(tmp_
     assert "samples/eval_000001/1_1.wav" in sources
     for src in sources:  # relative, and copied into the report folder
         assert (run_dir / "report" / src).read_bytes() == (run_dir / src).read_bytes()
+    files = sample_to_folder(resolved, out_dir=tmp_path / "sampled", checkpoint=run_dir, num_per_prompt=2)
+    assert [p.suffix for p in files] == [".wav"] * 4
+    assert [len(t["frames"]) for t in read_layout(tmp_path / "sampled" / "grid.png")["tiles"]] == [2, 2]
