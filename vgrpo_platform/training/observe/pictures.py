@@ -16,7 +16,7 @@ from vgrpo_platform.protocols import Samples
 
 STRIP_GAP = 2  # pixels of background between a filmstrip's frames
 BACKGROUND = (255, 255, 255)
-DYNAMIC_RANGE_DB = 80.0  # a spectrogram shows its loudest 80 dB; quieter is black
+DYNAMIC_RANGE_DB = 60.0  # a spectrogram shows its loudest 60 dB; quieter is black
 # the colour map: dark blue-black -> purple -> orange -> pale yellow (quiet to loud), evenly spaced stops
 COLOURS = torch.tensor(
     [[0, 0, 4], [60, 15, 110], [150, 40, 120], [230, 90, 60], [252, 200, 60], [252, 253, 191]]
@@ -66,7 +66,8 @@ def spectrogram(waveform: torch.Tensor, columns: int = 128, n_fft: int = 256) ->
     mono = waveform.detach().float().reshape(-1, waveform.shape[-1]).mean(0).cpu()
     n_fft = max(4, min(n_fft, mono.numel()))
     hop = max(1, mono.numel() // columns)
-    spec = torch.stft(mono, n_fft, hop_length=hop, window=torch.hann_window(n_fft), return_complex=True)
+    window = torch.hann_window(n_fft)
+    spec = torch.stft(mono, n_fft, hop_length=hop, window=window, center=False, return_complex=True)
     db = 20 * torch.log10(spec.abs() + 1e-6)
     top = db.max()
     scaled = ((db - (top - DYNAMIC_RANGE_DB)) / DYNAMIC_RANGE_DB).clamp(0, 1)
