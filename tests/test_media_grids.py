@@ -168,3 +168,29 @@ def test_an_audio_run_keeps_wavs_beside_its_grids_and_the_report_plays_them(tmp_
     files = sample_to_folder(resolved, out_dir=tmp_path / "sampled", checkpoint=run_dir, num_per_prompt=2)
     assert [p.suffix for p in files] == [".wav"] * 4
     assert [len(t["frames"]) for t in read_layout(tmp_path / "sampled" / "grid.png")["tiles"]] == [2, 2]
+
+
+def test_the_report_plays_videos_and_sounds_under_their_grid_captioned_with_prompts(tmp_path: Path) -> None:
+    from vgrpo_platform.cli.report import _clips_html, clips_of
+
+    grid = tmp_path / "samples" / "eval_000003.png"
+    grid.parent.mkdir()
+    layout = {"tiles": [{"prompt": "a <red> square"}, {"prompt": "a blue circle"}]}
+    grid.with_suffix(".json").write_text(json.dumps(layout))
+    copied = tmp_path / "report" / "samples" / "eval_000003"
+    copied.mkdir(parents=True)
+    for name in ("1_0.mp4", "0_0.wav", "0_0.mp4", "notes.txt"):
+        (copied / name).write_bytes(b"x")
+    assert [p.name for _, _, p in clips_of(tmp_path / "report" / "samples" / "eval_000003.png")] == [
+        "0_0.mp4",
+        "0_0.wav",
+        "1_0.mp4",
+    ]
+    text = _clips_html(tmp_path, "samples/eval_000003.png")
+    assert re.findall(r'<(video|audio) controls preload="none" src="([^"]+)"', text) == [
+        ("video", "samples/eval_000003/0_0.mp4"),
+        ("audio", "samples/eval_000003/0_0.wav"),
+        ("video", "samples/eval_000003/1_0.mp4"),
+    ]
+    assert "a &lt;red&gt; square (sample 1)" in text and "a blue circle (sample 1)" in text
+    assert _clips_html(tmp_path, "samples/eval_000009.png") == ""  # no clips: nothing under the grid
