@@ -194,6 +194,7 @@ def evaluate(
     local: dict[str, Any] = {"terms": {}, "details": {}, "diversity": [], "error": None}
     failure: RewardError | None = None
     images: list[torch.Tensor] = []
+    soundtracks: list[torch.Tensor] = []  # a video's sound (``Samples.audio``), kept with its frames
     samples = None
     if mine or padding:
         padded = mine + [prompts[-1]] * padding
@@ -225,6 +226,7 @@ def evaluate(
                     local["diversity"] = diversity(samples.data, per_prompt).tolist()
                 if keep_samples:
                     images = [samples.data.cpu()]
+                    soundtracks = [] if samples.audio is None else [samples.audio.cpu()]
     gathered = gather_objects(accelerator, [local], context)  # rank order = prompt order
     if failure is not None:
         raise failure
@@ -240,8 +242,10 @@ def evaluate(
     kept = None
     if keep_samples:
         images = gather_objects(accelerator, images, context)
-        if images and samples is not None:
-            kept = replace(samples, data=torch.cat(images), audio=None)  # every rank's frames
+        soundtracks = gather_objects(accelerator, soundtracks, context)
+        if images and samples is not None:  # every rank's frames (and soundtracks: the clips beside a grid)
+            audio = torch.cat(soundtracks) if len(soundtracks) == len(images) else None
+            kept = replace(samples, data=torch.cat(images), audio=audio)
     return Evaluation(protocol, terms, details, total, eval_only, div, kept)
 
 
