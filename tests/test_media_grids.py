@@ -194,3 +194,22 @@ def test_the_report_plays_videos_and_sounds_under_their_grid_captioned_with_prom
     ]
     assert "a &lt;red&gt; square (sample 1)" in text and "a blue circle (sample 1)" in text
     assert _clips_html(tmp_path, "samples/eval_000009.png") == ""  # no clips: nothing under the grid
+
+
+def test_clips_that_cannot_be_written_cost_a_warning_not_the_grid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from vgrpo_platform.protocols import SamplerSpec
+    from vgrpo_platform.training.observe.evaluation import Evaluation, Protocol
+
+    def no_ffmpeg(*args: object, **kwargs: object) -> Path:
+        raise RuntimeError("no ffmpeg binary")
+
+    monkeypatch.setattr(clips.media, "write_video", no_ffmpeg)
+    protocol = Protocol(("a", "b"), 2, 0, SamplerSpec("euler", 2), 4)
+    total = torch.zeros(4)
+    video = Samples("video", torch.rand(4, 3, 3, 8, 8, generator=torch.Generator().manual_seed(3)), fps=4.0)
+    result = Evaluation(protocol, {}, {}, total, None, None, samples=video)
+    grid = result.save_grid(tmp_path / "eval_000001.png", title="t")
+    assert grid is not None and grid.is_file() and read_layout(grid)["tiles"]
+    assert "warning: no playable clips beside" in capsys.readouterr().err
