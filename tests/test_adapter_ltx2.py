@@ -334,6 +334,9 @@ def test_recipe_runs_two_iterations_end_to_end_and_exports_a_loadable_lora(model
         resolved, out_dir=tmp_path / "samples", checkpoint=run_dir, prompts=["a red cat"]
     )
     assert files[0].suffix == ".mp4" and files[0].with_suffix(".wav").exists()
+    assert (tmp_path / "samples" / "grid.png").is_file()  # the clip as a filmstrip
+    # beside each evaluation's grid: its prompt's first clip and soundtrack, to play
+    assert sorted(p.name for p in (run_dir / "samples" / "eval_000002").iterdir()) == ["0_0.mp4", "0_0.wav"]
 
 
 def test_shipped_recipe_passes_check_with_the_real_reward_plugins() -> None:

@@ -87,9 +87,10 @@ def test_before_after_needs_both_grids_with_the_same_prompts(tmp_path):
     assert not (tmp_path / "x.png").exists()
 
 
-def test_audio_samples_make_no_grid(tmp_path):
-    audio = Samples("audio", torch.zeros(2, 1, 100))
-    assert save_grid(audio, tmp_path / "a.png", group_size=1) is None
+def test_samples_without_a_picture_make_no_grid(tmp_path):
+    other = Samples("molecule", torch.zeros(2, 5, 3))  # audio and video have pictures: test_media_grids.py
+    assert save_grid(other, tmp_path / "a.png", group_size=1) is None
+    assert not (tmp_path / "a.png").exists()
 
 
 def test_grids_fit_the_reports_page_at_their_own_size_and_wrap_long_groups(tmp_path):

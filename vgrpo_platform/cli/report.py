@@ -4,13 +4,14 @@ Why a static folder (``RUN_DIR/report/``): it opens from disk, can be copied or 
 needs no server. It holds ``rewards.png`` (train and held-out reward curves per reward and per
 criterion, against iteration and against wall-clock seconds), ``training.png`` (loss, KL, ratio,
 grad norm, time split per iteration), ``monitors.png`` (the training reward against each
-reward-hacking monitor, where the run has one), copies of the sample grids, and ``index.html``
-tying them together with the evaluation table (first, peak and last, each with its standard error
-and sample count), the warnings of the monitors, and the run's recipe.
+reward-hacking monitor, where the run has one), copies of the sample grids and of the sounds and
+videos kept beside them (``training.observe.clips``), and ``index.html`` tying them together (the
+sounds as ``<audio controls>`` under their grid) with the evaluation table (first, peak and last,
+each with its standard error and sample count), the warnings of the monitors, and the run's recipe.
 
 Reads only files (``metrics.jsonl``, ``eval_stats.jsonl``, ``samples/eval_*.png``, ``recipe.toml``,
-``resolved_recipe.json``); imports no torch, and matplotlib (Agg, no pyplot state) only when drawing
-(``report_figures``).
+``resolved_recipe.json``, the clips in ``samples/eval_*/``); imports no torch, and matplotlib (Agg, no
+pyplot state) only when drawing (``report_figures``).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ __all__ = [
 REPORT_DIR = "report"
 BEFORE_AFTER = "samples/before_after.png"  # written by the run at its end (training.observe.grids)
 _GRID = re.compile(r"eval_(\d+)\.png$")
+_CLIP = re.compile(r"^(\d+)_(\d+)\.(wav|mp4)$")  # training.observe.clips: <prompt>_<k>.wav / .mp4
 _MINUS = "\u2212"
 
 
@@ -297,6 +299,46 @@ def _figure_html(src: str, caption: str, cls: str = "plot") -> str:
     return f'<figure class="{cls}">{image}<figcaption>{caption}</figcaption></figure>'
 
 
+def clips_of(grid: Path) -> list[tuple[int, int, Path]]:
+    """``(prompt, k, path)`` of the sounds and videos kept beside ``grid`` (in ``grid`` without its
+    suffix), in prompt, then sample order."""
+    found = [(m, p) for p in grid.with_suffix("").glob("*_*.*") if (m := _CLIP.match(p.name))]
+    return sorted((int(m.group(1)), int(m.group(2)), p) for m, p in found)
+
+
+def _prompts_of(grid: Path) -> list[str]:
+    """The prompts of ``grid``'s tiles from the layout beside it (``grids.save_grid``); [] without one."""
+    try:
+        return [str(t.get("prompt", "")) for t in json.loads(grid.with_suffix(".json").read_text())["tiles"]]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
+
+
+def _clips_html(run_dir: Path, src: str) -> str:
+    """The sounds (``<audio controls>``) and videos kept beside the grid ``src`` (relative to the report
+    folder, where ``write_report`` copied them), each captioned with its prompt."""
+    clips = clips_of(run_dir / REPORT_DIR / src)
+    if not clips:
+        return ""
+    prompts = _prompts_of(run_dir / src)
+    items = []
+    for prompt, k, path in clips:
+        rel = html.escape(f"{Path(src).with_suffix('').as_posix()}/{path.name}")
+        tag = "video" if path.suffix == ".mp4" else "audio"
+        text = prompts[prompt] if prompt < len(prompts) else f"prompt {prompt}"
+        caption = html.escape(f"{text} (sample {k + 1})")
+        items.append(
+            f'<figure class="clip"><{tag} controls preload="none" src="{rel}"></{tag}>'
+            f"<figcaption>{caption}</figcaption></figure>"
+        )
+    return f'<div class="clips">{"".join(items)}</div>'
+
+
+def _grid_html(run_dir: Path, src: str, caption: str) -> str:
+    """A sample grid at its own size, its sounds and videos under it."""
+    return _figure_html(src, caption, "grid") + _clips_html(run_dir, src)
+
+
 def _recipe_html(run_dir: Path) -> str:
     parts: list[str] = []
     for name in ("recipe.toml", "resolved_recipe.json"):
@@ -318,6 +360,9 @@ figure.grid { display: inline-block; vertical-align: top; max-width: 100%; overf
   margin-right: 1em; }
 figure.grid img { max-width: none; image-rendering: pixelated; }
 details.grid { margin: 0.3em 0; }
+figure.clip { display: inline-block; margin: 0.2em 0.8em 0.2em 0; font-size: 0.85em; }
+figure.clip audio { display: block; height: 2em; }
+figure.clip video { display: block; max-width: 320px; image-rendering: pixelated; }
 table { border-collapse: collapse; }
 td, th { border: 1px solid #ccc; padding: 0.25em 0.7em; text-align: right; }
 td:first-child { text-align: left; font-family: monospace; }
@@ -365,17 +410,19 @@ def _samples_html(run_dir: Path, grids: list[tuple[int, str]]) -> str:
         caption = "each prompt's samples at the first and the last evaluation"
         before_after = _figure_html(BEFORE_AFTER, caption, "grid")
     (i0, p0), (i1, p1) = grids[0], grids[-1]
-    pair = _figure_html(p0, f"first evaluation, iteration {i0}", "grid")
-    pair += _figure_html(p1, f"last evaluation, iteration {i1}", "grid")
+    pair = _grid_html(run_dir, p0, f"first evaluation, iteration {i0}")
+    pair += _grid_html(run_dir, p1, f"last evaluation, iteration {i1}")
     every = "".join(
         f'<details class="grid"><summary>iteration {i}</summary>'
-        f"{_figure_html(p, f'iteration {i}', 'grid')}</details>"
+        f"{_grid_html(run_dir, p, f'iteration {i}')}</details>"
         for i, p in grids
     )
     return (
         "<p>Held-out prompts, each with its samples under it; the same seeds at every evaluation. "
         "Where a reward judges each sample (a <code>correct</code> detail), its border is green "
-        "(right) or red (wrong). Grids are shown at their own size.</p>"
+        "(right) or red (wrong). Grids are shown at their own size: a video as a filmstrip of evenly "
+        "spaced frames, a sound as its spectrogram (time left to right, low pitches at the bottom), with "
+        "a few of them to play under the grid.</p>"
         f"{before_after}"
         f'<div class="pair">{pair}</div><h3>Every evaluation, in order (click to open)</h3>'
         f'<div class="all">{every}</div>'
@@ -456,6 +503,9 @@ def write_report(run_dir: Path | str) -> Path:
     for iteration, src in sample_grids(run_dir):
         samples_out.mkdir(exist_ok=True)
         shutil.copy2(src, samples_out / src.name)
+        for _, _, clip in clips_of(src):  # the sounds and videos beside it, into the same relative place
+            (samples_out / src.stem).mkdir(exist_ok=True)
+            shutil.copy2(clip, samples_out / src.stem / clip.name)
         grids.append((iteration, f"samples/{src.name}"))
     if (run_dir / BEFORE_AFTER).is_file():
         samples_out.mkdir(exist_ok=True)

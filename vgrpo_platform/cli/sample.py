@@ -173,8 +173,10 @@ def sample_to_folder(
     index = [index_row(p.name, prompts[int(g)]) for p, g in zip(written, group_ids, strict=True)]
     (out / "index.jsonl").write_text("".join(json.dumps(r) + "\n" for r in index))
     sources = source_images(list(prompts))
-    if sources is not None:  # an edit's source beside its results
-        title = f"source (black border), then {num_per_prompt} sample(s) per prompt"
+    if sources is not None or samples.modality in ("video", "audio"):  # filmstrips, spectrograms
+        title = f"{num_per_prompt} sample(s) per prompt"
+        if sources is not None:  # an edit's source beside its results
+            title = f"source (black border), then {title}"
         save_grid(
             samples,
             out / "grid.png",

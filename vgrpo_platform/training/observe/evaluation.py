@@ -15,6 +15,7 @@ so is a ``RewardError``: when one rank's rewards fail, every rank raises it afte
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -30,6 +31,7 @@ from vgrpo_platform.parallel.data_parallel import gather_objects, lockstep_rows,
 from vgrpo_platform.parallel.sharded_state import gathered_while_generating
 from vgrpo_platform.protocols import SamplerSpec, Samples
 from vgrpo_platform.training.iteration.rollout import generate_with_extras
+from vgrpo_platform.training.observe.clips import clip_folder, save_clips
 from vgrpo_platform.training.observe.grids import save_grid
 
 
@@ -143,9 +145,14 @@ class Evaluation:
         return rows
 
     def save_grid(self, path: Path, title: str) -> Path | None:
-        """The labelled grid of the samples (``grids.save_grid``); None without kept visual samples."""
+        """The labelled grid of the samples (``grids.save_grid``); None without kept samples that have
+        pictures. Sounds and videos also leave a few playable files beside it (``clips.py``)."""
         if self.samples is None or len(self.samples) == 0:
             return None
+        try:
+            save_clips(self.samples, clip_folder(path), group_size=self.protocol.samples_per_prompt)
+        except (ImportError, RuntimeError) as exc:  # no ffmpeg or soundfile here: the grid still comes
+            print(f"warning: no playable clips beside {path}: {exc}", file=sys.stderr)
         return save_grid(
             self.samples,
             path,
@@ -187,6 +194,7 @@ def evaluate(
     local: dict[str, Any] = {"terms": {}, "details": {}, "diversity": [], "error": None}
     failure: RewardError | None = None
     images: list[torch.Tensor] = []
+    soundtracks: list[torch.Tensor] = []  # a video's sound (``Samples.audio``), kept with its frames
     samples = None
     if mine or padding:
         padded = mine + [prompts[-1]] * padding
@@ -218,6 +226,7 @@ def evaluate(
                     local["diversity"] = diversity(samples.data, per_prompt).tolist()
                 if keep_samples:
                     images = [samples.data.cpu()]
+                    soundtracks = [] if samples.audio is None else [samples.audio.cpu()]
     gathered = gather_objects(accelerator, [local], context)  # rank order = prompt order
     if failure is not None:
         raise failure
@@ -233,8 +242,10 @@ def evaluate(
     kept = None
     if keep_samples:
         images = gather_objects(accelerator, images, context)
-        if images and samples is not None:
-            kept = replace(samples, data=torch.cat(images), audio=None)  # every rank's frames
+        soundtracks = gather_objects(accelerator, soundtracks, context)
+        if images and samples is not None:  # every rank's frames (and soundtracks: the clips beside a grid)
+            audio = torch.cat(soundtracks) if len(soundtracks) == len(images) else None
+            kept = replace(samples, data=torch.cat(images), audio=audio)
     return Evaluation(protocol, terms, details, total, eval_only, div, kept)
 
 

@@ -1,10 +1,11 @@
 """Sample grids as PNG: what a person looks at to judge a run.
 
 An evaluation grid shows each prompt's samples as one labelled tile (the prompt above, its
-samples side by side), and wraps the tiles into a near-square page at most ``PAGE_WIDTH`` pixels
-wide, so hundreds of held-out samples stay readable: ``vgrpo report`` shows grids at their own size
-(never shrunk, so the labels stay legible), and a page that fits the report needs no scrolling. A
-prompt with more samples than fit in one line wraps them onto several. Where the rewards give a
+samples side by side: an image as itself, a video as a filmstrip, a sound as its spectrogram:
+``pictures.py``), and wraps the tiles into a near-square page at most ``PAGE_WIDTH`` pixels wide, so
+hundreds of held-out samples stay readable: ``vgrpo report`` shows grids at their own size (never
+shrunk, so the labels stay legible), and a page that fits the report needs no scrolling. A prompt
+with more samples than fit in one line wraps them onto several. Where the rewards give a
 per-sample verdict (a 0/1 detail named ``correct``, e.g. ``shapes/correct``), each frame gets a
 green (right) or red (wrong) border. A conditioned prompt (an edit, image-to-video) shows its source
 image first, in a black border, before its results.
@@ -24,6 +25,7 @@ import torch
 from PIL import Image, ImageDraw, ImageFont
 
 from vgrpo_platform.protocols import Samples
+from vgrpo_platform.training.observe.pictures import sample_pictures, to_pictures
 
 RIGHT, WRONG, UNJUDGED = (40, 170, 60), (215, 40, 40), (90, 90, 90)
 BACKGROUND, INK = (255, 255, 255), (20, 20, 20)
@@ -52,6 +54,7 @@ class GridSpec:
     """How a grid is laid out: frames of ``frame_side`` pixels, at most ``max_tiles`` prompts."""
 
     frame_side: int = 64  # small frames are enlarged (nearest neighbour), large ones shrunk
+    strip_frames: int = 4  # a video's filmstrip: evenly spaced frames, the first and the last included
     max_tiles: int = 48  # prompts shown; the rest are counted in the header
     label_chars: int = 48  # longer prompts are cut with an ellipsis
 
@@ -61,17 +64,6 @@ def _font() -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
         return ImageFont.load_default(size=FONT_PX)
     except TypeError:  # Pillow without FreeType: the fixed bitmap font
         return ImageFont.load_default()
-
-
-def _to_uint8(images: torch.Tensor, side: int) -> list[Image.Image]:
-    x = (images.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).cpu().numpy()  # [B, 3, H, W]
-    out = []
-    for frame in x:
-        img = Image.fromarray(frame.transpose(1, 2, 0))
-        scale = side / max(img.width, img.height)
-        size = (max(1, round(img.width * scale)), max(1, round(img.height * scale)))
-        out.append(img.resize(size, Image.Resampling.NEAREST if scale >= 1 else Image.Resampling.BILINEAR))
-    return out
 
 
 def _cut(text: str, chars: int) -> str:
@@ -119,17 +111,16 @@ def save_grid(
     ``prompts`` has one entry per prompt (``B / group_size``); ``details`` and ``rewards`` one value per
     sample; ``sources`` one condition image ``[3, H, W]`` (or None) per prompt, drawn first in its tile
     with a black border, so an edit's source and results sit side by side. Writes ``path`` and
-    ``path.with_suffix(".json")`` (the layout); None for non-visual samples.
+    ``path.with_suffix(".json")`` (the layout); None for samples with no picture (``pictures.py``).
+    A frame box holds one sample's picture: an image, a video's filmstrip, a sound's spectrogram.
     """
-    images = frames_for_grid(samples)
-    if images is None:
-        return None
-    b = images.shape[0]
-    n_groups = -(-b // group_size)
+    n_groups = -(-len(samples) // group_size)
     shown = min(n_groups, spec.max_tiles)
-    frames = _to_uint8(images[: shown * group_size], spec.frame_side)
+    frames = sample_pictures(samples.select(slice(0, shown * group_size)), spec.frame_side, spec.strip_frames)
+    if frames is None:
+        return None
     originals = list(sources or [])[:shown]
-    source_frames = [None if s is None else _to_uint8(s[None], spec.frame_side)[0] for s in originals]
+    source_frames = [None if s is None else to_pictures(s[None], spec.frame_side)[0] for s in originals]
     seen = frames + [f for f in source_frames if f is not None]
     fw = max(f.width for f in seen) + 2 * BORDER
     fh = max(f.height for f in seen) + 2 * BORDER
