@@ -6,7 +6,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
-from vgrpo_rewards.shapes.impl import detector_params, objective_score, score_tensors, to_uint8
+from vgrpo_rewards._criteria import objective_score, score_tensors
+from vgrpo_rewards.shapes.impl import detector_params, to_uint8
 
 from vgrpo_platform.protocols import Samples
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -12,6 +11,7 @@ import torch
 
 from vgrpo_platform.protocols import Samples
 
+from .._criteria import objective_score, score_tensors
 from .detect import CRITERIA, DetectorParams, score_image
 from .world import parse_prompt
 
@@ -64,23 +64,3 @@ def detector_params(config: Any) -> DetectorParams:
         min_area_frac=config.min_area_frac,
         max_objects=config.max_objects,
     )
-
-
-def objective_score(
-    scores: Mapping[str, float], weights: Mapping[str, float], criteria: Sequence[str], objective: str
-) -> float:
-    """One sample's score from its per-criterion ``scores`` over the ``criteria`` that apply: their
-    weighted mean (``"partial"``; ``correct`` when no weight applies), weighted product (``"product"``,
-    weights as exponents) or the 0/1 ``correct``. Shared by the image and video worlds' rewards."""
-    total = sum(weights[c] for c in criteria)
-    partial = sum(weights[c] * scores[c] for c in criteria) / total if total else scores["correct"]
-    product = math.prod(scores[c] ** weights[c] for c in criteria)
-    by_objective = {"correct": scores["correct"], "partial": partial, "product": product}
-    return by_objective[objective]
-
-
-def score_tensors(
-    rows: Sequence[Mapping[str, float]], keys: Sequence[str], device: torch.device
-) -> dict[str, torch.Tensor]:
-    """Per-sample rows of scores -> one float32 tensor ``[B]`` per key, on ``device``."""
-    return {k: torch.tensor([r[k] for r in rows], dtype=torch.float32, device=device) for k in keys}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +18,7 @@ except ImportError as exc:  # the `audio` extra: not in the core install, which 
         "of your torch's version: pip install 'vgrpo[audio]' with the README's torch constraint"
     ) from None
 
+from .._criteria import objective_score, score_tensors
 from .detect import CRITERIA, DetectorParams, applicable, score_clip
 from .world import SAMPLE_RATE, parse_prompt
 
@@ -61,16 +61,7 @@ class TonesReward:
         for wave, prompt in zip(data.float().mean(1), prompts, strict=True):  # channels mixed to mono
             spec = parse_prompt(prompt)
             s = score_clip(wave, spec, self.params)
-            applies = applicable(spec)
-            total = sum(self.weights[c] for c in CRITERIA if applies[c])
-            partial = (
-                sum(self.weights[c] * s[c] for c in CRITERIA if applies[c]) / total if total else s["correct"]
-            )
-            product = math.prod(s[c] ** self.weights[c] for c in CRITERIA if applies[c])
-            by_objective = {"correct": s["correct"], "partial": partial, "product": product}
-            s["score"] = by_objective[self.config.objective]
+            applies = [c for c in CRITERIA if applicable(spec)[c]]
+            s["score"] = objective_score(s, self.weights, applies, self.config.objective)
             rows.append(s)
-        keys = ("score", *CRITERIA, "correct")
-        return {
-            k: torch.tensor([r[k] for r in rows], dtype=torch.float32, device=data.device) for k in keys
-        }  # [B]
+        return score_tensors(rows, ("score", *CRITERIA, "correct"), data.device)  # [B] each
