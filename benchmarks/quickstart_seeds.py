@@ -315,7 +315,8 @@ def readme_sentence(variant: Variant, timed_seed: int = 0) -> str:
     elif tuning:
         text += ", all of them seeds the recipe was tuned on"
     missing = [s for s in variant.seeds if s not in seeds]
-    pending = f"; seeds {', '.join(map(str, missing))} of the seed rule not run yet" if missing else ""
+    named = f"seed{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}"
+    pending = f"; {named} of the seed rule not run yet" if missing else ""
     return text + f" (seeds {', '.join(map(str, seeds))}; committed records{pending})."
 
 

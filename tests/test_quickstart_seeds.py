@@ -37,7 +37,7 @@ def test_gains_are_points_over_iteration_zero_and_tuning_seeds_are_apart(tmp_pat
     assert "took 10 min 0 s" in sentence and "1.00 s of rollout and 3.50 s of training" in sentence
     assert "**+15.0 points on average over 2 run seeds (range +10.0 to +20.0)**" in sentence
     assert "+20.0 over the 1 seeds the recipe was tuned on, +10.0 over 1 it never saw" in sentence
-    assert "seeds 5 of the seed rule not run yet" in sentence
+    assert "seed 5 of the seed rule not run yet" in sentence
 
 
 def test_the_readme_figure_is_the_generated_one():
