@@ -157,6 +157,23 @@ HEAD = (
 )
 
 
+SCREEN_ITERATION = 100
+
+
+def shipped_at(seed: int, iteration: int) -> tuple[float, float] | None:
+    """The shipped recipe's gain (points) and diversity (% of iteration 0's) at ``iteration`` of ``seed``,
+    from its records' evaluation rows; None without a record or without the eval monitors."""
+    path = qs.cell_dir("shipped", seed)
+    if not (path / qs.records.RECORDS).exists():
+        return None
+    rows = {r["iteration"]: r for r in qs.records.load(path) if r["kind"] == "eval"}
+    if 0 not in rows or iteration not in rows or rows[iteration].get(qs.DIVERSITY) is None:
+        return None
+    first, then = rows[0], rows[iteration]
+    gain = 100 * (then[qs.METRIC] - first[qs.METRIC])
+    return gain, 100 * then[qs.DIVERSITY] / first[qs.DIVERSITY]
+
+
 def report() -> str:
     """The screen, the finalists and the comparison, as markdown, from the committed records."""
     base = base_record()
@@ -165,6 +182,14 @@ def report() -> str:
     for names in SCREENS.values():
         for name in names:
             lines.append(row(name, seed_results(qs.VARIANTS[name], base), base, (1,)))
+    reference = shipped_at(1, SCREEN_ITERATION)
+    if reference is not None:
+        gain, kept = reference
+        lines += [
+            "",
+            f"For reference, the shipped recipe's seed 1 at iteration {SCREEN_ITERATION} (its records): gain "
+            f"{gain:+.1f}, held-out diversity {kept:.0f}% of the base model's.",
+        ]
     lines += ["", "Finalists and the shipped recipe (200 iterations):", "", HEAD]
     shipped = seed_results(qs.VARIANTS["shipped"], base)
     lines.append(row("shipped", shipped, base, qs.FINAL_SEEDS))

@@ -88,3 +88,16 @@ def test_the_doc_block_is_the_generated_one():
     block = doc.split(dv.BEGIN)[1].split(dv.END)[0].strip()
     assert block == dv.report().strip()
     assert dv.DIVERSITY_RULE in doc
+
+
+def test_the_screen_reference_is_the_shipped_seed_at_the_screen_iteration(results):
+    out = qs.cell_dir("shipped", 1)
+    out.mkdir(parents=True)
+    rows = [
+        {"kind": "eval", "iteration": i, qs.METRIC: c, qs.DIVERSITY: d}
+        for i, c, d in ((0, 0.40, 0.25), (100, 0.55, 0.20), (200, 0.60, 0.15))
+    ]
+    (out / qs.records.RECORDS).write_text(json.dumps(qs.records.compact(rows)))
+    gain, kept = dv.shipped_at(1, 100)
+    assert gain == pytest.approx(15.0) and kept == pytest.approx(80.0)
+    assert dv.shipped_at(1, 150) is None and dv.shipped_at(2, 100) is None
