@@ -56,18 +56,3 @@ def weight_loading_kwargs(model: str | Path, *, allow_pickle: bool, key: str) ->
 
 def _has_safetensors(folder: Path) -> bool:
     return any(folder.glob("*.safetensors"))
-
-
-def load_model_folder(
-    path: Path, transformer_class: Any, text_encoder_class: Any, *, dtype: Any, allow_pickle: bool
-) -> tuple[Any, Any, Any]:
-    """``(transformer, text_encoder, tokenizer)`` of a tiny model's folder (``transformer/``,
-    ``text_encoder/``, ``tokenizer/``: ``toy``, ``shapes``, ``moving_shapes``), each by its class's
-    ``from_pretrained`` in ``dtype``, safetensors only unless ``allow_pickle``. The tokenizer is the
-    byte-level ``CLIPTokenizer`` these models share."""
-    from transformers import CLIPTokenizer
-
-    safe = weight_loading_kwargs(path, allow_pickle=allow_pickle, key="adapter.options.allow_pickle_weights")
-    transformer = transformer_class.from_pretrained(path / "transformer", torch_dtype=dtype, **safe)
-    text_encoder = text_encoder_class.from_pretrained(path / "text_encoder", dtype=dtype, **safe)
-    return transformer, text_encoder, CLIPTokenizer.from_pretrained(path / "tokenizer")

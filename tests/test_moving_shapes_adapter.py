@@ -14,6 +14,7 @@ from tiny_moving_shapes import TINY, build_tiny_moving_shapes
 from typer.testing import CliRunner
 from vgrpo_adapters._diffusers_export import LORA_FILE
 from vgrpo_adapters._flow_pretrain import PretrainConfig, flow_matching_loss
+from vgrpo_adapters._weights import ModelWeightsError
 from vgrpo_adapters.moving_shapes.build import build_moving_shapes_model, world_words
 from vgrpo_adapters.moving_shapes.impl import MovingShapesAdapter
 from vgrpo_adapters.moving_shapes.pretrain import (
@@ -152,7 +153,7 @@ def test_missing_model_path_or_parts_are_one_line_errors(tmp_path: Path) -> None
     with pytest.raises(RecipeError, match="pretrain-moving-shapes --out DIR"):
         default_registry().build("adapter", "moving_shapes", {}, context)
     (tmp_path / "half" / "transformer").mkdir(parents=True)
-    with pytest.raises(RecipeError, match=r"lacks text_encoder/, tokenizer/"):
+    with pytest.raises(ModelWeightsError, match=r"lacks text_encoder/, tokenizer/"):
         default_registry().build("adapter", "moving_shapes", {"model_path": "half"}, context)
 
 

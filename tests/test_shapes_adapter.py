@@ -15,6 +15,7 @@ import torch
 from typer.testing import CliRunner
 from vgrpo_adapters import shapes as shapes_entry
 from vgrpo_adapters._diffusers_export import LORA_FILE
+from vgrpo_adapters._weights import ModelWeightsError
 from vgrpo_adapters.shapes import WEIGHTS_DIR, Config
 from vgrpo_adapters.shapes.pretrain import (
     EVAL_SAMPLER,
@@ -91,7 +92,7 @@ def test_model_path_is_resolved_against_the_recipe_folder(tmp_path: Path) -> Non
     assert model_folder(Config()) == WEIGHTS_DIR
     cfg = Config(model_path="my_model")
     assert model_folder(cfg, BuildContext(recipe_dir=tmp_path)) == tmp_path / "my_model"
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(ModelWeightsError, match="lacks transformer/, text_encoder/, tokenizer/"):
         registry().build("adapter", "shapes", {"model_path": str(tmp_path / "missing")}, BuildContext())
 
 

@@ -16,6 +16,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 from vgrpo_adapters import tones as tones_entry
+from vgrpo_adapters._weights import ModelWeightsError
 from vgrpo_adapters.tones import Config
 from vgrpo_adapters.tones.build import ModelSize, build_tones_model
 from vgrpo_adapters.tones.codec import BINS, FRAMES, N_SAMPLES, SAMPLE_RATE, SpectrogramCodec
@@ -66,7 +67,7 @@ def test_model_path_is_required_and_resolved_against_the_recipe_folder(tmp_path:
     with pytest.raises(PluginError, match="vgrpo pretrain-tones"):
         build({})
     assert model_folder(Config(model_path="m"), BuildContext(recipe_dir=tmp_path)) == tmp_path / "m"
-    with pytest.raises(FileNotFoundError, match="lacks the subfolder"):
+    with pytest.raises(ModelWeightsError, match="lacks transformer/.*vgrpo pretrain-tones"):
         build({"model_path": str(tmp_path / "missing")})
 
 

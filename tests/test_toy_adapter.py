@@ -11,6 +11,7 @@ import pytest
 import torch
 from adapter_checks import directional_derivatives
 from vgrpo_adapters import toy as toy_entry
+from vgrpo_adapters._weights import ModelWeightsError
 from vgrpo_adapters.toy import ToyAdapterConfig
 from vgrpo_adapters.toy.build import BUILD_FILE, build_toy_model
 from vgrpo_adapters.toy.impl import ToyAdapter
@@ -139,7 +140,7 @@ def test_relative_model_path_resolves_against_recipe_dir(model_dir) -> None:
     context = BuildContext(recipe_dir=model_dir.parent)
     built = ToyAdapter.from_config(ToyAdapterConfig(model_path=model_dir.name), context)
     assert built.latent_shape() == (3, R, R)
-    with pytest.raises(FileNotFoundError, match="transformer"):
+    with pytest.raises(ModelWeightsError, match="nowhere lacks transformer/"):
         ToyAdapter.from_config(ToyAdapterConfig(model_path="nowhere"), context)
 
 

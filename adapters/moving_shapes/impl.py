@@ -16,7 +16,7 @@ import torch
 from diffusers import WanTransformer3DModel
 from transformers import CLIPTokenizer, UMT5EncoderModel
 from vgrpo_adapters._diffusers_export import FolderModelExport
-from vgrpo_adapters._weights import load_model_folder
+from vgrpo_adapters._tiny_models import load_model_folder, padded_tokens, resolve_model_path
 from vgrpo_adapters.wan.impl import TIMESTEP_SCALE, WanAdapter
 
 from vgrpo_platform.errors import RecipeError
@@ -25,8 +25,6 @@ from vgrpo_platform.noise_schedules import RectifiedFlowSchedule
 from vgrpo_platform.protocols import BuildContext, Conditioning, Samples
 
 from . import Config
-
-PARTS = ("transformer", "text_encoder", "tokenizer")
 
 
 class MovingShapesAdapter(CoreCalledAdapter, FolderModelExport):
@@ -87,18 +85,14 @@ class MovingShapesAdapter(CoreCalledAdapter, FolderModelExport):
         """Load a folder with ``transformer/``, ``text_encoder/``, ``tokenizer/`` (``from_pretrained``);
         safetensors only unless ``allow_pickle_weights`` (``vgrpo_adapters._weights``)."""
         path = Path(path)
-        missing = [sub for sub in PARTS if not (path / sub).is_dir()]
-        if missing:
-            raise RecipeError(
-                f"moving-shapes model folder {path} lacks {', '.join(m + '/' for m in missing)}; point "
-                "adapter.options.model_path at a folder written by `vgrpo pretrain-moving-shapes --out DIR`"
-            )
         transformer, text_encoder, tokenizer = load_model_folder(
             path,
             WanTransformer3DModel,
             UMT5EncoderModel,
             dtype=dtype or torch.float32,
             allow_pickle=allow_pickle_weights,
+            fix="point adapter.options.model_path at a folder written by "
+            "`vgrpo pretrain-moving-shapes --out DIR`",
         )
         return cls(
             transformer.to(device),
@@ -121,15 +115,8 @@ class MovingShapesAdapter(CoreCalledAdapter, FolderModelExport):
 
     def encode_with_grad(self, prompts: Sequence[str]) -> Conditioning:
         """``encode_prompts`` without its ``no_grad``: the text encoder trains in pretraining."""
-        tokens = self.tokenizer(
-            list(prompts),
-            padding="max_length",
-            max_length=self.max_prompt_tokens,
-            truncation=True,
-            return_tensors="pt",
-        )
-        mask = tokens.attention_mask.to(self.device)
-        states = self.text_encoder(input_ids=tokens.input_ids.to(self.device), attention_mask=mask)
+        ids, mask = padded_tokens(self.tokenizer, prompts, self.max_prompt_tokens, self.device)
+        states = self.text_encoder(input_ids=ids, attention_mask=mask)
         return {"prompt_embeds": states.last_hidden_state * mask.unsqueeze(-1).to(states.last_hidden_state)}
 
     def denoiser_inputs(self, z_t: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> dict[str, Any]:
@@ -163,11 +150,8 @@ def load_moving_shapes_adapter(config: Config, context: BuildContext) -> MovingS
             "adapter.options.model_path is not set and no moving-shapes model ships yet: write one with "
             "`vgrpo pretrain-moving-shapes --out DIR` and set model_path = 'DIR'"
         )
-    folder = Path(config.model_path).expanduser()
-    if not folder.is_absolute() and context.recipe_dir is not None:
-        folder = Path(context.recipe_dir) / folder
     return MovingShapesAdapter.load(
-        folder,
+        resolve_model_path(config.model_path, context),
         resolution=config.resolution,
         num_frames=config.num_frames,
         fps=config.fps,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from vgrpo_adapters._tiny_models import resolve_model_path
 from vgrpo_adapters.toy.impl import ToyAdapter
 
 from vgrpo_platform.protocols import BuildContext
@@ -17,12 +18,7 @@ from . import WEIGHTS_DIR, Config
 
 def model_folder(config: Config, context: BuildContext | None = None) -> Path:
     """``config.model_path`` (relative to the recipe's folder when relative), else the shipped weights."""
-    if config.model_path is None:
-        return WEIGHTS_DIR
-    folder = Path(config.model_path).expanduser()
-    if not folder.is_absolute() and context is not None and context.recipe_dir is not None:
-        folder = Path(context.recipe_dir) / folder
-    return folder
+    return resolve_model_path(config.model_path, context) or WEIGHTS_DIR
 
 
 def load_shapes_adapter(config: Config, context: BuildContext) -> ToyAdapter:

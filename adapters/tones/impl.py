@@ -20,7 +20,7 @@ import torch
 from diffusers import LongCatAudioDiTTransformer
 from transformers import CLIPTextModelWithProjection, CLIPTokenizer
 from vgrpo_adapters._diffusers_export import TransformerExport, save_peft_lora
-from vgrpo_adapters._weights import weight_loading_kwargs
+from vgrpo_adapters._tiny_models import load_model_folder, padded_tokens, resolve_model_path
 
 from vgrpo_platform.errors import PluginError
 from vgrpo_platform.network import CoreCalledAdapter
@@ -29,8 +29,6 @@ from vgrpo_platform.protocols import BuildContext, Conditioning, Samples
 
 from . import Config
 from .codec import BINS, FRAMES, N_SAMPLES, SAMPLE_RATE, SpectrogramCodec
-
-PARTS = ("transformer", "text_encoder", "tokenizer")
 
 
 class TonesAdapter(CoreCalledAdapter, TransformerExport):
@@ -76,21 +74,14 @@ class TonesAdapter(CoreCalledAdapter, TransformerExport):
         """Load a folder with ``transformer/``, ``text_encoder/``, ``tokenizer/`` (``from_pretrained``);
         safetensors only unless ``allow_pickle_weights``."""
         path = Path(path)
-        missing = [sub for sub in PARTS if not (path / sub).is_dir()]
-        if missing:
-            raise FileNotFoundError(
-                f"tones model folder {path} lacks the subfolder(s) {', '.join(missing)}; write one with "
-                "`vgrpo pretrain-tones --out DIR`"
-            )
-        safe = weight_loading_kwargs(
-            path, allow_pickle=allow_pickle_weights, key="adapter.options.allow_pickle_weights"
+        transformer, text_encoder, tokenizer = load_model_folder(
+            path,
+            LongCatAudioDiTTransformer,
+            CLIPTextModelWithProjection,
+            dtype=dtype or torch.float32,
+            allow_pickle=allow_pickle_weights,
+            fix="write one with `vgrpo pretrain-tones --out DIR` and point adapter.options.model_path at it",
         )
-        dtype = dtype or torch.float32
-        transformer = LongCatAudioDiTTransformer.from_pretrained(
-            path / "transformer", torch_dtype=dtype, **safe
-        )
-        text_encoder = CLIPTextModelWithProjection.from_pretrained(path / "text_encoder", dtype=dtype, **safe)
-        tokenizer = CLIPTokenizer.from_pretrained(path / "tokenizer")
         return cls(transformer.to(device), text_encoder.to(device), tokenizer, shift=shift, model_folder=path)
 
     def latent_shape(self) -> tuple[int, ...]:
@@ -104,15 +95,8 @@ class TonesAdapter(CoreCalledAdapter, TransformerExport):
 
     def encode_with_grad(self, prompts: Sequence[str]) -> Conditioning:
         """``encode_prompts`` without its ``no_grad``: the text encoder trains in pretraining."""
-        tokens = self.tokenizer(
-            list(prompts),
-            padding="max_length",
-            max_length=self.max_prompt_tokens,
-            truncation=True,
-            return_tensors="pt",
-        )
-        mask = tokens.attention_mask.to(self.device)
-        out = self.text_encoder(input_ids=tokens.input_ids.to(self.device), attention_mask=mask)
+        ids, mask = padded_tokens(self.tokenizer, prompts, self.max_prompt_tokens, self.device)
+        out = self.text_encoder(input_ids=ids, attention_mask=mask)
         return {"prompt_embeds": out.last_hidden_state, "prompt_mask": mask.bool()}
 
     def denoiser_inputs(self, z_t: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> dict[str, Any]:
@@ -161,10 +145,7 @@ def model_folder(config: Config, context: BuildContext | None = None) -> Path:
             "the tones adapter needs adapter.options.model_path (no tones model ships with vgrpo yet): "
             "write one with `vgrpo pretrain-tones --out DIR` and set model_path to DIR"
         )
-    folder = Path(config.model_path).expanduser()
-    if not folder.is_absolute() and context is not None and context.recipe_dir is not None:
-        folder = Path(context.recipe_dir) / folder
-    return folder
+    return resolve_model_path(config.model_path, context)
 
 
 def load_tones_adapter(config: Config, context: BuildContext) -> TonesAdapter:

@@ -21,7 +21,7 @@ from diffusers import SD3Transformer2DModel
 from transformers import CLIPTextModelWithProjection, CLIPTokenizer
 from vgrpo_adapters._diffusers_common import resized_source
 from vgrpo_adapters._diffusers_export import FolderModelExport
-from vgrpo_adapters._weights import load_model_folder
+from vgrpo_adapters._tiny_models import load_model_folder, padded_tokens, resolve_model_path
 from vgrpo_adapters.toy import ToyAdapterConfig
 from vgrpo_adapters.toy.build import build_toy_model, is_built
 
@@ -91,15 +91,14 @@ class ToyAdapter(CoreCalledAdapter, FolderModelExport):
         """Load a folder with ``transformer/``, ``text_encoder/``, ``tokenizer/`` (``from_pretrained``);
         safetensors only unless ``allow_pickle_weights`` (``vgrpo_adapters._weights``)."""
         path = Path(path)
-        missing = [sub for sub in ("transformer", "text_encoder", "tokenizer") if not (path / sub).is_dir()]
-        if missing:
-            raise FileNotFoundError(f"toy model folder {path} lacks the subfolder(s) {', '.join(missing)}")
         transformer, text_encoder, tokenizer = load_model_folder(
             path,
             SD3Transformer2DModel,
             CLIPTextModelWithProjection,
             dtype=dtype or torch.float32,
             allow_pickle=allow_pickle_weights,
+            fix="point adapter.options.model_path at a folder holding all three, or leave it unset to "
+            "build one",
         )
         return cls(
             transformer.to(device),
@@ -115,11 +114,8 @@ class ToyAdapter(CoreCalledAdapter, FolderModelExport):
     def from_config(cls, config: ToyAdapterConfig, context: BuildContext) -> ToyAdapter:
         """The factory's work: resolve or build the model folder, then load it like any checkpoint."""
         owned_dir = None
-        if config.model_path is not None:
-            folder = Path(config.model_path).expanduser()
-            if not folder.is_absolute() and context.recipe_dir is not None:
-                folder = Path(context.recipe_dir) / folder
-        else:
+        folder = resolve_model_path(config.model_path, context)
+        if folder is None:
             if context.run_dir is not None:
                 folder = Path(context.run_dir) / "toy_model"
             else:
@@ -157,14 +153,8 @@ class ToyAdapter(CoreCalledAdapter, FolderModelExport):
 
     def encode_with_grad(self, prompts: Sequence[str]) -> Conditioning:
         """``encode_prompts`` without its ``no_grad``: the text encoder trains in pretraining."""
-        tokens = self.tokenizer(
-            list(prompts),
-            padding="max_length",
-            max_length=self.max_prompt_tokens,
-            truncation=True,
-            return_tensors="pt",
-        )
-        out = self.text_encoder(input_ids=tokens.input_ids.to(self.device))
+        ids, _ = padded_tokens(self.tokenizer, prompts, self.max_prompt_tokens, self.device)
+        out = self.text_encoder(input_ids=ids)
         return {"prompt_embeds": out.last_hidden_state, "pooled_prompt_embeds": out.text_embeds}
 
     def denoiser_inputs(self, z_t: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> dict[str, Any]:
