@@ -24,7 +24,6 @@ from vgrpo_adapters._diffusers_export import TransformerExport
 from vgrpo_adapters._weights import ModelWeightsError as ModelWeightsError  # re-exported: its old home
 from vgrpo_adapters._weights import weight_loading_kwargs
 
-from vgrpo_platform.errors import RecipeError
 from vgrpo_platform.network import CoreCalledAdapter
 from vgrpo_platform.noise_schedules import RectifiedFlowSchedule
 from vgrpo_platform.protocols import BuildContext, Conditioning, Samples
@@ -408,11 +407,7 @@ class DiffusersImageAdapter(DiffusersFlowAdapter):
     def _vae_encode(self, images: torch.Tensor) -> torch.Tensor:
         """Images ``[b, 3, H, W]`` in ``[-1, 1]`` -> scaled latents ``[b, C, h, w]``: the VAE posterior's
         mode, then ``(x - shift_factor) * scaling_factor``, the inverse of ``_vae_decode`` (as the img2img
-        and Kontext pipelines encode with ``sample_mode="argmax"``)."""
-        if type(self)._vae_decode is not DiffusersImageAdapter._vae_decode:
-            raise RecipeError(
-                f"{self.display_name} has no image encoder for data yet (its latents are normalised its own "
-                "way); give train.data_anchor.source as a .safetensors file of latents instead"
-            )
+        and Kontext pipelines encode with ``sample_mode="argmax"``). A subclass that decodes its own way
+        encodes its own way too (FLUX.2), or refuses in one line (Qwen-Image 2.x)."""
         latents = self.vae.encode(images.to(self.vae.dtype)).latent_dist.mode()
         return ((latents - self._vae_shift()) * self.vae.config.scaling_factor).to(self.dtype)

@@ -5,7 +5,8 @@ flow (``z_t = (1 - t) x0 + t eps``, target ``v = eps - x0``, MSE) on (prompt, re
 fresh every step, ``t = warp(u)``, ``u ~ U(0, 1)`` under ``train_shift``; transformer and text encoder learn
 jointly; AdamW with a linear warm-up and a cosine decay; an EMA of the weights is what gets saved; a
 wall-clock cap. Each world says how a batch is drawn (``draw_batch``) and which model it builds; the loop
-(``train_flow_model``), the loss, the schedule, the EMA and the saving are here once.
+(``train_flow_model``), the loss, the schedule, the EMA, the saving and the report (``write_pretrained``) are
+here once.
 
 ``train_flow_model`` can also stop and go on: with ``state_file`` it writes everything a resume needs (the
 weights, the EMA, AdamW, the schedule, the data and noise generators' states) when the cap stops it and
@@ -49,6 +50,9 @@ class PretrainableAdapter(Protocol):
     def sample(self, noise: torch.Tensor, cond: Conditioning, sampler: SamplerSpec) -> torch.Tensor: ...
     def decode(self, latents: torch.Tensor) -> Samples: ...
 
+
+REPORT_FILE = "pretrain_report.json"
+EVAL_SAMPLER = SamplerSpec("dpmsolver++", 8)  # the quickstarts' rollout and evaluation sampler
 
 DrawBatch = Callable[[np.random.Generator], tuple[list[str], torch.Tensor]]
 """A world's data: ``batch_size`` prompts and their rendered samples in model space, from the generator."""
@@ -295,6 +299,50 @@ def averaged(adapter: PretrainableAdapter, ema: torch.optim.swa_utils.AveragedMo
 
 
 # ------------------------------------------------------------------------------------------ saving
+def write_pretrained(
+    adapter: PretrainableAdapter,
+    result: LoopResult,
+    out: Path,
+    config: PretrainConfig,
+    size: Any,
+    *,
+    load: Callable[[Path], PretrainableAdapter],
+    evaluate_splits: Callable[[PretrainableAdapter, Sequence[int]], dict[str, dict[str, float]]],
+    eval_seeds: Sequence[int],
+    solved: float | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Save the EMA weights to ``out``, evaluate the folder as a user loads it, write ``REPORT_FILE``.
+
+    The report: the settings (``config``, ``size``: a dataclass), steps done and whether the schedule
+    ``finished`` (a capped run writes its model and report too), seconds, final loss, threads and, unless
+    ``eval_seeds`` is empty, ``evaluate_splits(load(out), eval_seeds)``; with ``solved``, also
+    ``heldout_solved`` (held-out ``correct`` >= ``solved``: the base model would leave RL nothing to teach).
+    """
+    with averaged(adapter, result.ema):
+        save_model(adapter, out)
+    report: dict[str, Any] = {
+        "steps": result.step,
+        "finished": result.finished(config),
+        "seconds": result.seconds,
+        "loss_ema": result.loss_ema,
+        "threads": torch.get_num_threads(),
+        "config": asdict(config),
+        "size": asdict(size),
+    }
+    if eval_seeds:
+        report["eval"] = evaluate_splits(load(out), eval_seeds)
+        report["eval_seeds"] = list(eval_seeds)
+        for split, scores in report["eval"].items():
+            log(f"{split:8s} " + "  ".join(f"{k} {v:.3f}" for k, v in scores.items()))
+        if solved is not None:
+            report["heldout_solved"] = report["eval"]["heldout"]["correct"] >= solved
+            if report["heldout_solved"]:
+                log(f"the base model already solves the held-out prompts (correct >= {solved}): train less")
+    (out / REPORT_FILE).write_text(json.dumps(report, indent=2, sort_keys=True))
+    return report
+
+
 def save_model(adapter: PretrainableAdapter, out: Path) -> None:
     """``save_pretrained`` of the three parts into a fresh ``out`` (fp32 safetensors)."""
     if out.exists():

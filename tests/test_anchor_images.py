@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from diffusers import (
+    Flux2Pipeline,
     FluxKontextPipeline,
     FluxPipeline,
     QwenImageEditPipeline,
@@ -152,11 +153,25 @@ def test_anchor_data_command_writes_what_the_anchor_reads(tmp_path) -> None:
     assert missing.exit_code == 2 and "has no metadata.jsonl" in missing.output
 
 
-def test_models_whose_latents_are_normalised_their_own_way_refuse_in_one_line() -> None:
+def test_flux2_encodes_as_its_own_pipeline_encodes_a_reference_image(tmp_path) -> None:
+    """FLUX.2's latents are patchified and batch-normalised: ``encode_images`` is the pipeline's own
+    ``_encode_vae_image``, and decoding it gives back what decoding the pipeline's latents gives."""
+    from tiny_flux2 import build_tiny_flux2
     from vgrpo_adapters.flux2.impl import Flux2Adapter
+
+    images = _images(2)
+    adapter = Flux2Adapter(
+        Flux2Pipeline.from_pretrained(build_tiny_flux2(tmp_path / "flux2")), resolution=RESOLUTION
+    )
+    expected = Flux2Pipeline._encode_vae_image(adapter.pipe, _as_input(images), generator=None)
+    got = adapter.encode_images(images)
+    assert got.shape == (2, *adapter.latent_shape())
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_qwen_image_2_refuses_image_data_in_one_line() -> None:
     from vgrpo_adapters.qwen_image21.impl import QwenImage21Adapter
 
-    for adapter_class, name in ((Flux2Adapter, "FLUX.2"), (QwenImage21Adapter, "Qwen-Image 2.x")):
-        bare = object.__new__(adapter_class)  # the refusal comes before any weight is touched
-        with pytest.raises(RecipeError, match=f"{name} has no image encoder.*safetensors file of latents"):
-            bare._vae_encode(torch.zeros(1, 3, 8, 8))
+    bare = object.__new__(QwenImage21Adapter)  # the refusal comes before any weight is touched
+    with pytest.raises(RecipeError, match="Qwen-Image 2.x has no image encoder.*safetensors file of latents"):
+        bare._vae_encode(torch.zeros(1, 3, 8, 8))

@@ -27,7 +27,7 @@ from vgrpo_rewards.tones import world as w
 from vgrpo_rewards.tones.detect import score_clip
 
 from vgrpo_platform.config.recipe import resolve_recipe
-from vgrpo_platform.errors import CheckpointError, PluginError
+from vgrpo_platform.errors import PluginError, RecipeError
 from vgrpo_platform.ode_solvers import solve_flow_ode
 from vgrpo_platform.protocols import Adapter, BuildContext, SamplerSpec
 
@@ -171,7 +171,7 @@ def test_a_lora_v_grpo_run_on_the_tones_reward_trains_and_exports(folder: Path, 
 def test_pretraining_smoke_writes_a_loadable_folder_and_a_report(tmp_path: Path) -> None:
     config = dataclasses.replace(TONES_CONFIG, steps=3, batch_size=4, warmup_steps=1)
     report = pretrain(tmp_path / "m", config, TINY, eval_seeds=(0,), log=lambda s: None)
-    assert report["steps"] == 3 and report["complete"] and not resume_dir(tmp_path / "m").exists()
+    assert report["steps"] == 3 and report["finished"] and not resume_dir(tmp_path / "m").exists()
     written = json.loads((tmp_path / "m" / "pretrain_report.json").read_text())
     assert set(written["eval"]) == {"train", "heldout"}
     assert set(written["eval"]["heldout"]) == {"count", "kind", "pitch", "direction", "order", "correct"}
@@ -188,15 +188,15 @@ def test_a_capped_run_resumes_to_the_uninterrupted_runs_weights(tmp_path: Path) 
     pretrain(tmp_path / "a", config, TINY, eval_seeds=(), log=lambda s: None)
     capped = dataclasses.replace(config, max_minutes=0)  # stops after every step
     first = pretrain(tmp_path / "b", capped, TINY, eval_seeds=(), log=lambda s: None)
-    assert first["steps"] == 1 and not first["complete"] and resume_dir(tmp_path / "b").is_dir()
+    assert first["steps"] == 1 and not first["finished"] and resume_dir(tmp_path / "b").is_dir()
     pretrain(tmp_path / "b", capped, TINY, eval_seeds=(), log=lambda s: None)
     last = pretrain(tmp_path / "b", config, TINY, eval_seeds=(), log=lambda s: None)
-    assert last["steps"] == 3 and last["complete"] and not resume_dir(tmp_path / "b").exists()
+    assert last["steps"] == 3 and last["finished"] and not resume_dir(tmp_path / "b").exists()
     a, b = TonesAdapter.load(tmp_path / "a"), TonesAdapter.load(tmp_path / "b")
     for (name, p), q in zip(a.denoiser.state_dict().items(), b.denoiser.state_dict().values(), strict=True):
         assert torch.equal(p, q), name
     pretrain(tmp_path / "c", capped, TINY, eval_seeds=(), log=lambda s: None)
-    with pytest.raises(CheckpointError, match="other settings"):
+    with pytest.raises(RecipeError, match="saved with other config"):
         pretrain(tmp_path / "c", dataclasses.replace(config, lr=0.1), TINY, eval_seeds=(), log=lambda s: None)
 
 

@@ -125,6 +125,13 @@ class Flux2AdapterBase(DiffusersImageAdapter):
     def denoiser_output(self, output: Any, z: torch.Tensor) -> torch.Tensor:
         return self.unpack(output[0])  # [B, 4C, h, w]
 
+    def _vae_encode(self, images: torch.Tensor) -> torch.Tensor:
+        """Images ``[b, 3, H, W]`` in ``[-1, 1]`` -> latents ``[b, 4C, h, w]``, ``_vae_decode``'s inverse: the
+        posterior's mode, patchified, batch-normalised (as FLUX.2's pipeline encodes a reference image)."""
+        x = self.vae.encode(images.to(self.device, self.vae.dtype)).latent_dist.mode().float()
+        x = Flux2Pipeline._patchify_latents(x)  # [b, 4C, h, w]
+        return ((x - self._bn_mean.to(x.device)) / self._bn_std.to(x.device)).to(self.dtype)
+
     def _vae_decode(self, part: torch.Tensor) -> torch.Tensor:
         """Latents ``[b, 4C, h, w]`` -> images ``[b, 3, H, W]``: un-normalised, unpatchified, decoded."""
         x = part.to(self.device, torch.float32)

@@ -12,21 +12,20 @@ Resumable: a run stopped by ``max_minutes`` keeps its state beside the output (`
 
 from __future__ import annotations
 
-import json
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
 from vgrpo_adapters._flow_pretrain import (
+    EVAL_SAMPLER,
     PretrainConfig,
-    averaged,
     evaluate_with,
-    save_model,
     train_flow_model,
+    write_pretrained,
 )
+from vgrpo_adapters._flow_pretrain import REPORT_FILE as REPORT_FILE  # re-exported for its users
 from vgrpo_rewards.moving_shapes import Config as RewardConfig
 from vgrpo_rewards.moving_shapes.impl import MovingShapesReward
 from vgrpo_rewards.moving_shapes.track import CRITERIA
@@ -37,8 +36,6 @@ from vgrpo_platform.protocols import SamplerSpec
 from .build import ModelSize, build_moving_shapes_model
 from .impl import MovingShapesAdapter
 
-REPORT_FILE = "pretrain_report.json"
-EVAL_SAMPLER = SamplerSpec("dpmsolver++", 8)  # the image quickstart's rollout and evaluation sampler
 SOLVED = 0.9
 """Held-out ``correct`` at or above which the report says the base model already solves the held-out
 compositions (then RL has little to teach: stop earlier)."""
@@ -124,31 +121,20 @@ def pretrain_moving_shapes(
         resume=resume,
         checkpoint_every=CHECKPOINT_EVERY,
     )
-    with averaged(adapter, result.ema):
-        save_model(adapter, out)
-    finished = result.finished(config)
-    report: dict = {
-        "steps": result.step,
-        "finished": finished,
-        "seconds": result.seconds,
-        "loss_ema": result.loss_ema,
-        "threads": torch.get_num_threads(),
-        "config": asdict(config),
-        "size": asdict(size),
-    }
-    if not finished:
+    if not result.finished(config):
         log(f"stopped at step {result.step}/{config.steps}: the same command with --resume goes on")
-    if eval_seeds:
-        loaded = _load(out, size, config.shift)  # what was written, as users load it
-        report["eval"] = evaluate_splits(loaded, eval_seeds, max_eval_prompts)
-        report["eval_seeds"] = list(eval_seeds)
-        report["heldout_solved"] = report["eval"]["heldout"]["correct"] >= SOLVED
-        for split, scores in report["eval"].items():
-            log(f"{split:8s} " + "  ".join(f"{k} {v:.3f}" for k, v in scores.items()))
-        if report["heldout_solved"]:
-            log(f"the base model already solves the held-out clips (correct >= {SOLVED}): train fewer steps")
-    (out / REPORT_FILE).write_text(json.dumps(report, indent=2, sort_keys=True))
-    return report
+    return write_pretrained(
+        adapter,
+        result,
+        out,
+        config,
+        size,
+        load=lambda folder: _load(folder, size, config.shift),
+        evaluate_splits=lambda model, seeds: evaluate_splits(model, seeds, max_eval_prompts),
+        eval_seeds=eval_seeds,
+        solved=SOLVED,
+        log=log,
+    )
 
 
 def _load(folder: Path, size: ModelSize, shift: float) -> MovingShapesAdapter:

@@ -26,14 +26,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from vgrpo_adapters._flow_pretrain import EVAL_SAMPLER as EVAL_SAMPLER
 from vgrpo_adapters._flow_pretrain import (  # the shared loop; names re-exported for this module's users
     LOAD_PATH_KEYS as LOAD_PATH_KEYS,
 )
+from vgrpo_adapters._flow_pretrain import REPORT_FILE as REPORT_FILE
 from vgrpo_adapters._flow_pretrain import PretrainConfig as PretrainConfig
 from vgrpo_adapters._flow_pretrain import averaged as averaged
 from vgrpo_adapters._flow_pretrain import drop_load_path as drop_load_path
 from vgrpo_adapters._flow_pretrain import ema_with_warmup as ema_with_warmup
-from vgrpo_adapters._flow_pretrain import evaluate_with, train_flow_model
+from vgrpo_adapters._flow_pretrain import evaluate_with, train_flow_model, write_pretrained
 from vgrpo_adapters._flow_pretrain import flow_matching_loss as flow_matching_loss
 from vgrpo_adapters._flow_pretrain import lr_factor as lr_factor
 from vgrpo_adapters._flow_pretrain import save_model as save_model
@@ -53,9 +55,6 @@ from vgrpo_rewards.shapes.world import (
 )
 
 from vgrpo_platform.protocols import SamplerSpec
-
-REPORT_FILE = "pretrain_report.json"
-EVAL_SAMPLER = SamplerSpec("dpmsolver++", 8)  # what the quickstart's rollouts and evals use
 
 
 def world_words() -> list[str]:
@@ -175,25 +174,17 @@ def pretrain(
                     save_model(adapter, Path(snapshot_dir) / f"step_{step}")
 
     result = train_flow_model(adapter, config, draw, rng, gen, log=log, on_step=on_step)
-    step, seconds, loss_ema, ema = result.step, result.seconds, result.loss_ema, result.ema
-    with averaged(adapter, ema):
-        save_model(adapter, out)
-    report: dict = {
-        "steps": step,
-        "seconds": seconds,
-        "loss_ema": loss_ema,
-        "threads": torch.get_num_threads(),
-        "config": asdict(config),
-        "size": asdict(size),
-    }
-    if eval_seeds:
-        loaded = ToyAdapter.load(out, shift=config.shift)  # evaluate what was written, as users load it
-        report["eval"] = evaluate_splits(loaded, eval_seeds)
-        report["eval_seeds"] = list(eval_seeds)
-        for split, scores in report["eval"].items():
-            log(f"{split:8s} " + "  ".join(f"{k} {v:.3f}" for k, v in scores.items()))
-    (out / REPORT_FILE).write_text(json.dumps(report, indent=2, sort_keys=True))
-    return report
+    return write_pretrained(
+        adapter,
+        result,
+        out,
+        config,
+        size,
+        load=lambda folder: ToyAdapter.load(folder, shift=config.shift),
+        evaluate_splits=evaluate_splits,
+        eval_seeds=eval_seeds,
+        log=log,
+    )
 
 
 def pretrain_stages(
