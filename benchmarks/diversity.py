@@ -10,6 +10,7 @@ accuracy. The screen, the finalists and the goal are fixed in ``DIVERSITY_RULE``
     python -m benchmarks.quickstart_seeds run --variant screen_diversity_0.1 --threads 1   # ... each run
     python -m benchmarks.diversity                     # the screen, the finalists, the comparison
     python -m benchmarks.diversity --write-doc         # ... written into docs/quickstart.md
+    python -m benchmarks.diversity --picture 1         # seed 1's samples side by side (docs/img/)
 """
 
 from __future__ import annotations
@@ -208,6 +209,36 @@ def report() -> str:
     return "\n".join(lines) + "\n\n" + " ".join(verdicts) + "\n"
 
 
+PICTURE = qs.ROOT / "docs" / "img" / "quickstart_diversity.png"
+PICTURE_PROMPTS = 8
+
+
+def picture(seed: int, scratch: Path = qs.SCRATCH, out: Path = PICTURE) -> Path:
+    """The base model, the shipped recipe and each family's finalist on the same held-out prompts and
+    noise, side by side: the last evaluation grid of each run of ``seed`` (run folders under ``scratch``,
+    kept by ``quickstart_seeds run``), the base model's from the shipped run's iteration 0."""
+    from PIL import Image
+
+    from vgrpo_platform.training.observe.grids import save_side_by_side
+
+    base = base_record()
+    names = ["shipped", *(pick for family in SCREENS if (pick := finalist(family, base)) is not None)]
+    runs = [scratch / name / f"seed{seed}" / "samples" for name in names]
+    lasts = [max(run.glob("eval_*.png"), default=None) for run in runs]
+    missing = [str(run) for run, last in zip(runs, lasts, strict=True) if last is None]
+    if missing:
+        raise SystemExit(f"no evaluation grids in {', '.join(missing)}: run those seeds first")
+    finals = [last for last in lasts if last is not None]
+    grids = [runs[0] / "eval_000000.png", *finals]
+    at = [int(last.stem.split("_")[1]) for last in finals]  # eval_000200 -> 200
+    labels = ["base model", *(f"{name} @{i}" for name, i in zip(names, at, strict=True))]
+    written = save_side_by_side(grids, out, keep=PICTURE_PROMPTS, labels=labels)
+    if written is None:
+        raise SystemExit(f"the grids of seed {seed} do not show the same prompts: {grids}")
+    Image.open(written).quantize(colors=64).save(written, optimize=True)  # flat colours: a small file
+    return written
+
+
 def write_doc(text: str, path: Path = qs.ROOT / "docs" / "quickstart.md") -> None:
     qs.replace_block(path, BEGIN, END, text)
 
@@ -215,7 +246,11 @@ def write_doc(text: str, path: Path = qs.ROOT / "docs" / "quickstart.md") -> Non
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write-doc", action="store_true", help="write it into docs/quickstart.md")
+    parser.add_argument("--picture", type=int, metavar="SEED", help="draw SEED's runs side by side")
     args = parser.parse_args(argv)
+    if args.picture is not None:
+        print(f"wrote {picture(args.picture)}")
+        return
     text = report()
     print(text)
     if args.write_doc:

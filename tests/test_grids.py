@@ -15,6 +15,7 @@ from vgrpo_platform.training.observe.grids import (
     read_layout,
     save_before_after,
     save_grid,
+    save_side_by_side,
     verdict_key,
 )
 
@@ -85,6 +86,29 @@ def test_before_after_needs_both_grids_with_the_same_prompts(tmp_path):
     other = save_grid(samples, tmp_path / "c.png", group_size=1, prompts=["x", "y", "z"])
     assert save_before_after(a, other, tmp_path / "x.png") is None
     assert not (tmp_path / "x.png").exists()
+
+
+def test_side_by_side_puts_each_grids_panel_in_order_and_counts_each(tmp_path):
+    """Three runs' grids of the same prompts: panels left to right in the order given (dark, grey,
+    light frames), one row per prompt, and the page fits."""
+    grids = [
+        _grid(tmp_path, f"{name}.png", n_prompts=3, group=8, value=value, verdicts=verdicts)
+        for name, value, verdicts in (
+            ("base", 0.2, [0.0] * 24),
+            ("shipped", 0.5, [1.0] * 24),
+            ("kept", 0.8, [1.0, 0.0] * 12),
+        )
+    ]
+    out = save_side_by_side(grids, tmp_path / "three.png", labels=["base", "shipped", "kept"])
+    image = np.asarray(Image.open(out).convert("RGB")).astype(int)
+    assert image.shape[1] <= PAGE_WIDTH
+    columns = {}
+    for value, tone in ((0.2, 51), (0.5, 128), (0.8, 204)):  # none is the page's white or ink
+        hits = np.argwhere((np.abs(image - tone) <= 1).all(axis=-1))
+        frame_rows = hits[hits[:, 0] > 30]  # below the header
+        columns[value] = np.median(frame_rows[:, 1])
+    assert columns[0.2] < columns[0.5] < columns[0.8]
+    assert save_side_by_side(grids[:1], tmp_path / "one.png") is None  # nothing to compare
 
 
 def test_samples_without_a_picture_make_no_grid(tmp_path):

@@ -202,62 +202,82 @@ def save_before_after(
     labels: tuple[str, str] = ("before", "after"),
 ) -> Path | None:
     """Each of the first ``keep`` prompts of two evaluation grids: its prompt, then its samples before
-    and after, with the reward's verdict on each frame.
+    and after, with the reward's verdict on each frame (``save_side_by_side`` of the two).
 
     Evaluations use fixed seeds, so the two grids hold the same prompts and the same noise: any
-    difference is the training. The pairs are stacked in two columns when there are many. None when a
-    grid or its layout is missing, or the two grids show different prompts.
+    difference is the training. None when a grid or its layout is missing, or the two grids show
+    different prompts.
     """
-    lb, la = read_layout(before), read_layout(after)
-    if not (before.is_file() and after.is_file()) or lb is None or la is None:
+    return save_side_by_side([before, after], out, keep=keep, labels=labels)
+
+
+def save_side_by_side(
+    grids: Sequence[Path], out: Path, *, keep: int = 16, labels: Sequence[str] | None = None
+) -> Path | None:
+    """Each of the first ``keep`` prompts of several evaluation grids of the same prompts and seeds (a run
+    before and after, or several runs' last evaluations): its prompt with each grid's correct count, then
+    each grid's samples in a panel, left to right, with the reward's verdict on each frame.
+
+    The rows are stacked in two columns when there are many and two fit the page. None when a grid or
+    its layout is missing, or the grids show different prompts.
+    """
+    paths = list(grids)
+    names = list(labels) if labels is not None else [p.stem for p in paths]
+    layouts = [read_layout(p) for p in paths]
+    if len(paths) < 2 or not all(p.is_file() for p in paths) or any(lay is None for lay in layouts):
         return None
-    n = min(len(lb["tiles"]), len(la["tiles"]), keep)
-    if n == 0 or [t["prompt"] for t in lb["tiles"][:n]] != [t["prompt"] for t in la["tiles"][:n]]:
+    lays: list[dict] = [lay for lay in layouts if lay is not None]
+    n = min(min(len(lay["tiles"]) for lay in lays), keep)
+    shown = [[t["prompt"] for t in lay["tiles"][:n]] for lay in lays]
+    if n == 0 or any(prompts != shown[0] for prompts in shown):
         return None
-    grids = [Image.open(p).convert("RGB") for p in (before, after)]
+    images = [Image.open(p).convert("RGB") for p in paths]
     font = _font()
+    panels = len(paths)
 
     def strip(grid: Image.Image, tile: dict) -> Image.Image:
-        """The tile's frames in lines that fit half a page (before and after sit side by side)."""
+        """The tile's frames in lines that fit one panel's share of the page."""
         boxes = ([tile["source"]] if tile.get("source") else []) + tile["frames"]  # an edit's source first
         fw, fh = max(b[2] for b in boxes), max(b[3] for b in boxes)
-        per_line = _per_line(fw, len(boxes), (PAGE_WIDTH - 4 * GAP) // 2)
+        per_line = _per_line(fw, len(boxes), (PAGE_WIDTH - (2 * panels) * GAP) // panels)
         lines = -(-len(boxes) // per_line)
         row = Image.new("RGB", (per_line * (fw + 2) - 2, lines * (fh + 2) - 2), BACKGROUND)
         for k, (x, y, w, h) in enumerate(boxes):
             row.paste(grid.crop((x, y, x + w, y + h)), _frame_at(k, per_line, fw, fh))
         return row
 
-    pairs = [(strip(grids[0], lb["tiles"][i]), strip(grids[1], la["tiles"][i])) for i in range(n)]
+    rows = [[strip(images[g], lays[g]["tiles"][i]) for g in range(panels)] for i in range(n)]
     label_h = FONT_PX + 4
-    half_w = max(max(p.width for p, _ in pairs), max(q.width for _, q in pairs))
-    cell_w = max(2 * half_w + 3 * GAP, 26 * FONT_PX)
-    cell_h = label_h + max(max(p.height, q.height) for p, q in pairs) + GAP
+    panel_w = max(strip_.width for row in rows for strip_ in row)
+    cell_w = max(panels * panel_w + (2 * panels - 1) * GAP, 26 * FONT_PX)
+    cell_h = label_h + max(strip_.height for row in rows for strip_ in row) + GAP
     columns = 2 if n > 8 and 2 * (cell_w + GAP) + GAP <= PAGE_WIDTH else 1
     lines = -(-n // columns)
-    key = lb.get("verdict_key")
-    header = f"{labels[0]} | {labels[1]} (same prompts, same seeds)"
+    key = lays[0].get("verdict_key")
+    header = " | ".join(names) + " (same prompts, same seeds)"
     if key:
         header += "; " + LEGEND.format(key=key)
     head_h = FONT_PX + 3 + GAP
     canvas = Image.new("RGB", (columns * (cell_w + GAP) + GAP, head_h + lines * cell_h + GAP), BACKGROUND)
     draw = ImageDraw.Draw(canvas)
     draw.text((GAP, GAP // 2), header, fill=INK, font=font)
-    for i, (b, a) in enumerate(pairs):
+    for i, row in enumerate(rows):
         line, col = divmod(i, columns)
         x0, y0 = GAP + col * (cell_w + GAP), head_h + line * cell_h
-        counts = []
-        for layout in (lb, la):
-            v = [x for x in layout["tiles"][i]["verdicts"] if x is not None]
-            counts.append(f"{sum(x >= 0.5 for x in v)}/{len(v)}" if key and v else "")
-        label = lb["tiles"][i]["prompt"]
+        label = lays[0]["tiles"][i]["prompt"]
         if key:
-            label += f"   ({counts[0]} -> {counts[1]} correct)"
+            counts = []
+            for lay in lays:
+                v = [x for x in lay["tiles"][i]["verdicts"] if x is not None]
+                counts.append(f"{sum(x >= 0.5 for x in v)}/{len(v)}" if v else "-")
+            label += f"   ({' -> '.join(counts)} correct)"
         draw.text((x0, y0), _fit(_cut(label, 84), font, cell_w), fill=INK, font=font)
-        canvas.paste(b, (x0, y0 + label_h))
-        canvas.paste(a, (x0 + half_w + 3 * GAP, y0 + label_h))
-        sep_x = x0 + half_w + GAP + GAP // 2
-        draw.line((sep_x, y0 + label_h, sep_x, y0 + label_h + b.height), fill=INK, width=1)
+        for g, strip_ in enumerate(row):
+            px = x0 + g * (panel_w + 2 * GAP)
+            canvas.paste(strip_, (px, y0 + label_h))
+            if g:
+                sep_x = px - GAP
+                draw.line((sep_x, y0 + label_h, sep_x, y0 + label_h + strip_.height), fill=INK, width=1)
     out.parent.mkdir(parents=True, exist_ok=True)
     canvas.save(out)
     return out
