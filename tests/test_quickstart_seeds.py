@@ -55,3 +55,35 @@ def test_every_committed_cell_ran_the_shipped_recipe_settings():
     assert cells, "no committed seed of the quickstart"
     for path in cells:
         assert json.loads(path.read_text())["recipe_settings_sha256"] == expected, path
+
+
+def test_a_media_quickstart_reports_its_unseen_seeds_with_the_tuning_seed_apart(tmp_path, monkeypatch):
+    """The video quickstart's cells live beside the image one's; its figure is seeds 1-3 (MEDIA_SEED_RULE)."""
+    monkeypatch.setattr(qs, "RESULTS", tmp_path / "quickstart")
+    variant = qs.MEDIA_VARIANTS["video"]
+    root = qs.results_of(qs.VIDEO)
+    assert root == tmp_path / "quickstart_video" and qs.cell_dir("shipped", 2, qs.VIDEO).parent.parent == root
+    for seed, end in ((0, 0.70), (1, 0.55), (2, 0.60)):
+        rows = [{"kind": "eval", "iteration": 100 * i, qs.VIDEO.metric: v} for i, v in enumerate((0.4, end))]
+        out = qs.cell_dir("shipped", seed, qs.VIDEO)
+        out.mkdir(parents=True)
+        (out / qs.records.RECORDS).write_text(json.dumps(qs.records.compact(rows)))
+        (out / "cell.json").write_text(json.dumps({"seed": seed, "wall_s": 600.0 + 60 * seed}))
+    text = qs.table(variant)
+    assert "| 0 | tuning | +30.0 |" in text and "| 1 | unseen | +15.0 |" in text
+    assert "unseen seeds +17.5 [+15.0, +20.0] over 2" in text and "Not run yet: seeds 3." in text
+    line = qs.media_sentence(variant)
+    assert line.startswith("`vgrpo run recipes/quickstart_video.toml` (video)")
+    assert "**+17.5 points on average over 2 unseen run seeds (range +15.0 to +20.0)**" in line
+    assert "seed 0, which tuned it: +30.0" in line and "the longest run took 12 min" in line
+    assert "seed 3 not run yet" in line
+    begin, end, readme_begin, _ = qs.markers(qs.VIDEO)
+    assert "--quickstart video" in begin and begin != qs.BEGIN and readme_begin != qs.README_BEGIN
+    with pytest.raises(SystemExit, match="only the shipped recipe's seeds"):
+        qs.pick_variant("audio", "diversity_0.1")
+
+
+def test_the_media_seed_rule_in_the_docs_is_the_scripts():
+    doc = (ROOT / "docs" / "video-audio.md").read_text()
+    block = doc.split("<!-- media-seed-rule:begin -->")[1].split("<!-- media-seed-rule:end -->")[0]
+    assert block.strip() == qs.MEDIA_SEED_RULE
