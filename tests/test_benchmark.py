@@ -302,6 +302,7 @@ def test_nfe_per_iteration_counts_the_forwards_a_real_iteration_makes(tmp_path, 
     assert counted[0] == nfe.nfe_per_iteration(resolved, 1)
 
 
+@pytest.mark.slow  # ~90 s: eleven toy runs; the arms themselves are tested in test_rollout_backends.py
 def test_the_rollout_backends_benchmark_runs_at_toy_size_and_resumes_its_cells(tmp_path, capsys, monkeypatch):
     """python -m benchmarks.rollout_backends: every arm and the one-core pair run once, the table has a row
     per arm with ratios to in_process, and a second invocation reuses every cell (runs nothing)."""
