@@ -53,6 +53,36 @@ def test_the_committed_prompt_files_are_the_split_the_protocol_names():
     ]
 
 
+@pytest.mark.parametrize("world", ["moving_shapes", "tones"])
+def test_the_video_and_audio_worlds_halves_are_committed_disjoint_and_cover_their_held_out_prompts(world):
+    """Fixed before any video or audio cell: a kind is the held-out pair (atom) each object (group) shows,
+    so both halves ask for every held-out pair (atom) in each position."""
+    import importlib
+
+    module = importlib.import_module(f"vgrpo_rewards.{world}.world")
+    validation, reported = prompt_split.SPLITS[world]()
+    committed = [path.read_text().splitlines() for path in prompt_split.files(world)]
+    assert committed == [validation, reported]  # python -m benchmarks.prompt_split
+    assert not set(validation) & set(reported)
+    assert sorted(validation + reported) == sorted(module.heldout_prompts())
+    assert 0 <= len(reported) - len(validation) <= len(reported) // 4  # about half each
+    if world == "moving_shapes":
+        held = module.heldout_pairs()
+
+        def kind(prompt: str) -> tuple[str, ...]:
+            objects = module.parse_prompt(prompt).objects
+            return tuple(o.shape + o.motion if (o.shape, o.motion) in held else "-" for o in objects)
+    else:
+        atoms = module.heldout_atoms()
+
+        def kind(prompt: str) -> tuple[str, ...]:
+            groups = module.parse_prompt(prompt).groups
+            return tuple(str(g.atom) if g.atom in atoms else "-" for g in groups)
+
+    kinds = [{kind(p) for p in half} for half in (validation, reported)]
+    assert kinds[0] == kinds[1] and len(kinds[0]) >= 2  # every kind of held-out composition on both sides
+
+
 def test_shapes_v2_sweeps_on_the_validation_prompts_and_reports_on_the_others(tmp_path):
     from vgrpo_platform.config.recipe import resolve_recipe
 

@@ -29,6 +29,7 @@ from functools import lru_cache
 
 import numpy as np
 from PIL import Image
+from vgrpo_rewards._split import halves_by_kind
 from vgrpo_rewards.shapes.world import COLORS, SHAPES, Box, _separated, draw
 
 MOTIONS: dict[str, str] = {  # motion id -> the words in a prompt
@@ -152,6 +153,22 @@ def train_prompts(seed: int = 0, n_heldout_pairs: int = 2) -> list[str]:
 
 def heldout_prompts(seed: int = 0, n_heldout_pairs: int = 2) -> list[str]:
     return split_prompts(seed, n_heldout_pairs)[1]
+
+
+def heldout_validation_split(
+    seed: int = 0, n_heldout_pairs: int = 2, split_seed: int = 0
+) -> tuple[list[str], list[str]]:
+    """``(validation, reported)``: the held-out prompts in two disjoint halves (``halves_by_kind``), a
+    kind being which held-out (shape, motion) pair each object makes (or none), so both halves ask for
+    every held-out pair, as the first object and as the second."""
+    held = heldout_pairs(seed, n_heldout_pairs)
+
+    def kind(spec: ClipSpec) -> tuple[str, ...]:
+        return tuple(f"{o.shape} {o.motion}" if (o.shape, o.motion) in held else "-" for o in spec.objects)
+
+    return halves_by_kind(
+        ((kind(spec), spec.to_prompt()) for spec in all_specs() if is_heldout(spec, held)), split_seed
+    )
 
 
 # ------------------------------------------------------------------------------------- rendering

@@ -34,6 +34,7 @@ from functools import lru_cache
 
 import numpy as np
 from PIL import Image, ImageDraw
+from vgrpo_rewards._split import halves_by_kind
 
 COLORS: dict[str, tuple[int, int, int]] = {
     # Hues ~0, ~128, ~222 and ~54 degrees: at least 50 degrees apart, all highly saturated.
@@ -240,22 +241,8 @@ def heldout_validation_split(
     so every template and every held-out pair appears in both; the draws and each list's order come
     from ``split_seed`` (a list is read in its order when an evaluation takes its first N prompts)."""
     held = heldout_pairs(seed, n_heldout_pairs)
-    kinds: dict[tuple[str, tuple[tuple[str, str], ...]], list[str]] = {}
-    for spec in all_specs():
-        if is_heldout(spec, held):
-            kinds.setdefault(composition_kind(spec, held), []).append(spec.to_prompt())
-    rng = np.random.default_rng(split_seed)
-    validation, reported = [], []
-    for kind in sorted(kinds):
-        prompts = kinds[kind]
-        order = rng.permutation(len(prompts))
-        half = len(prompts) // 2
-        validation += [prompts[i] for i in order[:half]]
-        reported += [prompts[i] for i in order[half:]]
-    return (
-        [validation[i] for i in rng.permutation(len(validation))],
-        [reported[i] for i in rng.permutation(len(reported))],
-    )
+    kinds = [(composition_kind(s, held), s.to_prompt()) for s in all_specs() if is_heldout(s, held)]
+    return halves_by_kind(kinds, split_seed)
 
 
 # -------------------------------------------------------------------------------------- geometry

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
+from vgrpo_rewards._split import halves_by_kind
 
 SAMPLE_RATE = 8000
 DURATION_S = 1.0
@@ -201,6 +202,20 @@ def heldout_prompts(seed: int = 0) -> list[str]:
 
 
 # ----------------------------------------------------------------------------------- synthesis
+def heldout_validation_split(seed: int = 0, split_seed: int = 0) -> tuple[list[str], list[str]]:
+    """``(validation, reported)``: the held-out prompts in two disjoint halves (``halves_by_kind``), a
+    kind being which held-out atom each group plays (or none), so both halves hold every held-out atom,
+    first and second in its sequence."""
+    held = heldout_atoms(seed)
+
+    def kind(spec: ClipSpec) -> tuple[str, ...]:
+        return tuple(f"{g.atom.kind} {g.atom.detail}" if g.atom in held else "-" for g in spec.groups)
+
+    return halves_by_kind(
+        ((kind(spec), spec.to_prompt()) for spec in all_specs() if is_heldout(spec, held)), split_seed
+    )
+
+
 def event_length(atom: Atom, rng: np.random.Generator) -> float:
     """Seconds one event of ``atom`` lasts."""
     if atom.kind == "click":
