@@ -58,6 +58,21 @@ DrawBatch = Callable[[np.random.Generator], tuple[list[str], torch.Tensor]]
 """A world's data: ``batch_size`` prompts and their rendered samples in model space, from the generator."""
 
 
+def draw_uniformly(
+    prompts: Sequence[str],
+    batch_size: int,
+    render: Callable[[list[str], np.random.Generator], torch.Tensor],
+) -> DrawBatch:
+    """The worlds' draw: ``batch_size`` prompts uniformly with replacement, then ``render(batch, rng)``
+    from the same generator (so a resumed run, restoring it, draws what an uninterrupted one would)."""
+
+    def draw(rng: np.random.Generator) -> tuple[list[str], torch.Tensor]:
+        batch = [prompts[i] for i in rng.integers(len(prompts), size=batch_size)]
+        return batch, render(batch, rng)
+
+    return draw
+
+
 @dataclass(frozen=True)
 class PretrainConfig:
     steps: int = 14000

@@ -21,6 +21,7 @@ import torch
 from vgrpo_adapters._flow_pretrain import (
     EVAL_SAMPLER,
     PretrainConfig,
+    draw_uniformly,
     evaluate_with,
     train_flow_model,
     write_pretrained,
@@ -106,9 +107,11 @@ def pretrain_moving_shapes(
         initial = build_moving_shapes_model(Path(tmp) / "init", size, config.seed)
         adapter = _load(initial, size, config.train_shift)
 
-    def draw(rng: np.random.Generator) -> tuple[list[str], torch.Tensor]:
-        batch = [prompts[i] for i in rng.integers(len(prompts), size=config.batch_size)]
-        return batch, render_clips(batch, rng, size.resolution, size.num_frames)
+    draw = draw_uniformly(
+        prompts,
+        config.batch_size,
+        lambda batch, rng: render_clips(batch, rng, size.resolution, size.num_frames),
+    )
 
     result = train_flow_model(
         adapter,

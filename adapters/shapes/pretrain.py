@@ -33,9 +33,9 @@ from vgrpo_adapters._flow_pretrain import (  # the shared loop; names re-exporte
 from vgrpo_adapters._flow_pretrain import REPORT_FILE as REPORT_FILE
 from vgrpo_adapters._flow_pretrain import PretrainConfig as PretrainConfig
 from vgrpo_adapters._flow_pretrain import averaged as averaged
+from vgrpo_adapters._flow_pretrain import draw_uniformly, evaluate_with, train_flow_model, write_pretrained
 from vgrpo_adapters._flow_pretrain import drop_load_path as drop_load_path
 from vgrpo_adapters._flow_pretrain import ema_with_warmup as ema_with_warmup
-from vgrpo_adapters._flow_pretrain import evaluate_with, train_flow_model, write_pretrained
 from vgrpo_adapters._flow_pretrain import flow_matching_loss as flow_matching_loss
 from vgrpo_adapters._flow_pretrain import lr_factor as lr_factor
 from vgrpo_adapters._flow_pretrain import save_model as save_model
@@ -162,9 +162,9 @@ def pretrain(
                 build_initial(Path(tmp) / "init", size, config.seed), shift=config.train_shift
             )
 
-    def draw(rng: np.random.Generator) -> tuple[list[str], torch.Tensor]:
-        batch = [prompts[i] for i in rng.integers(len(prompts), size=config.batch_size)]
-        return batch, render_batch(batch, rng, size.resolution)
+    draw = draw_uniformly(
+        prompts, config.batch_size, lambda batch, rng: render_batch(batch, rng, size.resolution)
+    )
 
     def on_step(step: int, ema: torch.optim.swa_utils.AveragedModel) -> None:
         if eval_every and step % eval_every == 0:

@@ -22,7 +22,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from vgrpo_adapters._flow_pretrain import EVAL_SAMPLER, PretrainConfig, train_flow_model, write_pretrained
+from vgrpo_adapters._flow_pretrain import (
+    EVAL_SAMPLER,
+    PretrainConfig,
+    draw_uniformly,
+    train_flow_model,
+    write_pretrained,
+)
 from vgrpo_rewards.tones import Config as TonesRewardConfig
 from vgrpo_rewards.tones.detect import CRITERIA, applicable
 from vgrpo_rewards.tones.impl import TonesReward
@@ -129,9 +135,7 @@ def pretrain(
     prompts = train_prompts()
     codec = SpectrogramCodec()
 
-    def draw(rng: np.random.Generator) -> tuple[list[str], torch.Tensor]:
-        batch = [prompts[i] for i in rng.integers(len(prompts), size=config.batch_size)]
-        return batch, synth_batch(batch, rng, codec)
+    draw = draw_uniformly(prompts, config.batch_size, lambda batch, rng: synth_batch(batch, rng, codec))
 
     result = train_flow_model(
         adapter,
