@@ -7,6 +7,8 @@ seeds at the chosen rate, every run a resumable cell (docs/benchmarks.md).
     python -m benchmarks.compare --world shapes_v2 --seeds 0 1 2 --iterations 150 \
         --sweep-iterations 150 --eval-every 15 --eval-prompts 189 --set eval.samples_per_prompt=4 \
         --ablations --extend                              # issue 37's: validation split, per-method grids
+    python -m benchmarks.compare --world video --seeds 0 1 2 --iterations 150 --sweep-iterations 150 \
+        --eval-every 15 --eval-prompts 264 --extend       # issue 40's worlds (--world audio: 54 prompts)
     python -m benchmarks.compare --world toy --methods vgrpo flow_grpo --seeds 0 1 --lrs 1e-3 1e-2 \
         --iterations 3                                                                 # the smoke test's
     python -m benchmarks.compare --tables-from benchmarks/results/shapes/summary.json \

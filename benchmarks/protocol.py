@@ -13,6 +13,9 @@ WORLDS = {
     "shapes": ROOT / "benchmarks" / "worlds" / "shapes.toml",  # the first protocol's (committed cells)
     "shapes_v2": ROOT / "benchmarks" / "worlds" / "shapes_v2.toml",  # issue 37's: validation split
     "toy": ROOT / "recipes" / "toy.toml",
+    # issue 40's worlds, fixed before any of their cells: the same protocol as shapes_v2
+    "video": ROOT / "benchmarks" / "worlds" / "moving_shapes.toml",
+    "audio": ROOT / "benchmarks" / "worlds" / "tones.toml",
 }
 # per world: the batch every cell shares (the quickstart's own KL, schedule, two steps per rollout and
 # weight average are left out: every method trains with the same plain AdamW at its own rate)
@@ -28,13 +31,26 @@ WORLD_SETTINGS: dict[str, list[str]] = {
     "toy": [],
 }
 WORLD_SETTINGS["shapes_v2"] = WORLD_SETTINGS["shapes"]
-WORLD_DETAIL = {"shapes": "detail/shapes/correct", "shapes_v2": "detail/shapes/correct", "toy": None}
+# the video and audio worlds: the image world's batch (4 prompts of 8), rate and schedule; their world
+# files set the evaluation (prompts and samples per prompt)
+WORLD_SETTINGS["video"] = WORLD_SETTINGS["audio"] = [
+    s for s in WORLD_SETTINGS["shapes"] if not s.startswith("eval.")
+]
+WORLD_DETAIL = {
+    "shapes": "detail/shapes/correct",
+    "shapes_v2": "detail/shapes/correct",
+    "toy": None,
+    "video": "detail/moving_shapes/correct",
+    "audio": "detail/tones/correct",
+}
 # the target every method races to, fixed before the runs: the base model's value plus this much (on
 # the prompts the seeds phase evaluates: in shapes_v2 the reported half)
 WORLD_TARGET = {
     "shapes": ("detail/shapes/correct", 0.10),
     "shapes_v2": ("detail/shapes/correct", 0.10),
     "toy": ("reward", 0.2),
+    "video": ("detail/moving_shapes/correct", 0.10),
+    "audio": ("detail/tones/correct", 0.10),
 }
 # per world: (validation, reported) prompt files, relative to the world file. The sweep's cells evaluate
 # the validation file, so the rate rule never reads the prompts that are reported; the seeds phase's
@@ -45,6 +61,11 @@ WORLD_EVAL_FILES: dict[str, tuple[str, str]] = {
         "../../recipes/prompts/shapes_validation.txt",
         "../../recipes/prompts/shapes_reported.txt",
     ),
+    "video": (
+        "../../recipes/prompts/moving_shapes_validation.txt",
+        "../../recipes/prompts/moving_shapes_reported.txt",
+    ),
+    "audio": ("../../recipes/prompts/tones_validation.txt", "../../recipes/prompts/tones_reported.txt"),
 }
 
 # name -> recipe overrides (surrogate options are replaced whole, so the recipe's own never leak in).
@@ -102,6 +123,9 @@ WORLD_METHODS: dict[str, dict[str, list[str]]] = {
     "shapes_v2": METHODS,
     "toy": METHODS,
 }
+# issue 40's matrix in the other modalities: V-GRPO and the four baselines the issue names, as shipped
+MEDIA_METHODS = ("vgrpo", "flow_grpo", "mixgrpo", "diffusion_nft", "awm")
+WORLD_METHODS["video"] = WORLD_METHODS["audio"] = {m: METHODS[m] for m in MEDIA_METHODS}
 # per world and method: the rates its sweep tries (``--lrs`` replaces them for every method). Fixed
 # before any shapes_v2 cell ran, from the first protocol's sweep (docs/benchmarks.md): a method whose
 # pick was the lowest swept rate (MixGRPO, DanceGRPO, Flow-GRPO-Fast) gets a grid a step lower, one whose
@@ -130,6 +154,8 @@ RATE_GRIDS: dict[str, dict[str, list[float]]] = {
         "dense_grpo": _MID,
     },
 }
+# the video and audio worlds: no earlier sweep to start from, so every method spans 1e-4..3e-3
+RATE_GRIDS["video"] = RATE_GRIDS["audio"] = {m: _WIDE for m in MEDIA_METHODS}
 # a baseline's seed that has not held the target by the seeds phase's budget runs on (``--extend``)
 # to this many times that budget, so that its cost to the target is measured rather than bounded
 EXTEND_FACTOR = 3

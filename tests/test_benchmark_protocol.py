@@ -9,11 +9,23 @@ import json
 import shutil
 import subprocess
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from vgrpo_rewards.shapes import world as w
 
-from benchmarks import aggregate, compare, matrix, phases, prompt_split, records, render, summary, verdicts
+from benchmarks import (
+    aggregate,
+    compare,
+    matrix,
+    phases,
+    prompt_split,
+    protocol,
+    records,
+    render,
+    summary,
+    verdicts,
+)
 from benchmarks.protocol import EXTEND_FACTOR, METHODS, METHODS_FIRST, RATE_GRIDS, ROOT, WORLD_EVAL_FILES
 
 V2 = ["--world", "shapes_v2", "--seeds", "0", "1", "2", "--iterations", "150", "--eval-prompts", "189"]
@@ -246,3 +258,49 @@ def test_git_keeps_only_a_cells_marker_and_records(tmp_path):
             ["git", "check-ignore", "--no-index", *kept, *dropped], cwd=ROOT, capture_output=True, text=True
         ).stdout.split()
         assert sorted(ignored) == sorted(dropped)
+
+
+def _tiny_media_model(world: str, folder: Path) -> list[str]:
+    """A tiny random model of the world's adapter (its world file names no folder until one ships), as
+    ``--set`` overrides."""
+    if world == "video":
+        from tiny_moving_shapes import build_tiny_moving_shapes
+
+        options = build_tiny_moving_shapes(folder)
+    else:
+        from vgrpo_adapters.tones.build import ModelSize, build_tones_model
+        from vgrpo_adapters.tones.pretrain import world_words
+
+        tiny = ModelSize(dit_dim=32, dit_depth=1, dit_heads=2, text_dim=16, text_layers=1, text_heads=2)
+        options = {"model_path": str(build_tones_model(folder, tiny, words=tuple(world_words())))}
+    return [f"adapter.options.{k}={v!r}" for k, v in options.items()]
+
+
+@pytest.mark.parametrize(("world", "split"), [("video", "moving_shapes"), ("audio", "tones")])
+def test_the_video_and_audio_matrices_sweep_on_validation_and_run_end_to_end(
+    tmp_path, monkeypatch, world, split
+):
+    """Issue 40's worlds under shapes_v2's protocol: the five methods at their shipped presets, each
+    sweeping 1e-4..3e-3 on the validation half; and one tiny cell of each phase runs through compare."""
+    from vgrpo_platform.config.recipe import resolve_recipe
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model = _tiny_media_model(world, tmp_path / "model")
+    args = ["--world", world, "--seeds", "0", "--iterations", "2", "--sweep-iterations", "1"]
+    args += ["--eval-every", "1", "--eval-prompts", "4", "--out", str(tmp_path / "out")]
+    args += [a for o in model for a in ("--set", o)]
+    plan = phases.make_plan(compare.parse(args))
+    assert list(plan.methods) == list(protocol.MEDIA_METHODS)
+    assert all(protocol.RATE_GRIDS[world][m] == [1e-4, 3e-4, 1e-3, 3e-3] for m in plan.methods)
+    validation, reported = prompt_split.SPLITS[split]()
+    sweep = plan.sweep_cell("awm", 1e-3, 0)
+    final = plan.seeds_cell("awm", plan.methods["awm"], 1e-3, 0, 2)
+    for cell, prompts in ((sweep, validation), (final, reported)):
+        resolved = resolve_recipe(plan.recipe, cell.recipe_overrides(plan.common, tmp_path))
+        assert resolved.eval_prompts == prompts and resolved.recipe.eval.max_prompts == 4  # its half, 4 read
+        assert resolved.recipe.surrogate.name == "awm"
+    assert compare.main([*args, "--methods", "vgrpo", "--lrs", "1e-3"]) == 0
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    seeds = summary["methods"]["vgrpo"]["seeds"]
+    assert [s["seed"] for s in seeds] == [0] and [p["iteration"] for p in seeds[0]["curve"]] == [0, 1, 2]
+    assert summary["target"]["metric"] == protocol.WORLD_TARGET[world][0]
