@@ -89,6 +89,7 @@ def test_compiled_row_runs_at_tiny_size(monkeypatch):
     assert row.status == "ok" and row.train_s > 0 and row.setting.compile
 
 
+@pytest.mark.slow  # ~10-30 s: the command line of what the tiny-run test above covers in-process
 def test_the_script_runs_as_a_command(tmp_path):
     out = tmp_path / "t.md"
     cmd = [sys.executable, "-m", "benchmarks.throughput", "wan", "--tiny", "--methods", "vgrpo"]
