@@ -142,13 +142,28 @@ def row(name: str, results: list[SeedResult], base: dict[str, Any], seeds: tuple
 
 def meets_goal(results: list[SeedResult], base: dict[str, Any]) -> bool | None:
     """The rule's goal over the final seeds; None while a seed is missing."""
+    misses = goal_misses(results, base)
+    return None if misses is None else not misses
+
+
+def goal_misses(results: list[SeedResult], base: dict[str, Any]) -> list[str] | None:
+    """Which parts of the goal the final seeds miss, each with its figure ([] = met); None while a seed
+    is missing."""
     chosen = [r for r in results if r.seed in qs.FINAL_SEEDS]
     if len(chosen) < len(qs.FINAL_SEEDS) or any(r.diversity is None for r in chosen):
         return None
-    gain = mean(r.last for r in chosen) >= GOAL_GAIN
-    held = all(r.last >= r.best - GOAL_DROP for r in chosen)
-    kept = mean(r.diversity or 0.0 for r in chosen) >= KEEP * mean(base["diversity"])
-    return gain and held and kept
+    misses = []
+    gain = mean(r.last for r in chosen)
+    if gain < GOAL_GAIN:
+        misses.append(f"mean gain {gain:+.1f} < +{GOAL_GAIN:g}")
+    fell_back = [r for r in chosen if r.last < r.best - GOAL_DROP]
+    if fell_back:
+        named = ", ".join(f"seed {r.seed} {r.last - r.best:+.1f}" for r in fell_back)
+        misses.append(f"ended more than {GOAL_DROP:g} points below its best: {named}")
+    kept = mean(r.diversity or 0.0 for r in chosen) / mean(base["diversity"])
+    if kept < KEEP:
+        misses.append(f"diversity {100 * kept:.0f}% of the base model's < {100 * KEEP:.0f}%")
+    return misses
 
 
 HEAD = (
@@ -203,8 +218,11 @@ def report() -> str:
             continue
         results = seed_results(qs.VARIANTS[pick], base)
         lines.append(row(pick, results, base, qs.FINAL_SEEDS))
-        goal = meets_goal(results, base)
-        state = {None: "seeds 0-4 not all run yet", True: "meets the goal", False: "misses the goal"}[goal]
+        misses = goal_misses(results, base)
+        if misses is None:
+            state = "seeds 0-4 not all run yet"
+        else:
+            state = f"misses the goal ({'; '.join(misses)})" if misses else "meets the goal"
         verdicts.append(f"{family}: finalist `{pick}`, {state}.")
     return "\n".join(lines) + "\n\n" + " ".join(verdicts) + "\n"
 

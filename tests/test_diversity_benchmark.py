@@ -101,3 +101,15 @@ def test_the_screen_reference_is_the_shipped_seed_at_the_screen_iteration(result
     gain, kept = dv.shipped_at(1, 100)
     assert gain == pytest.approx(15.0) and kept == pytest.approx(80.0)
     assert dv.shipped_at(1, 150) is None and dv.shipped_at(2, 100) is None
+
+
+def test_a_missed_goal_names_each_part_it_misses_with_its_figure(results):
+    for seed in range(5):
+        # +19 each; seed 2 ends 6 below its best; diversity 0.16 = 80% of the base model's 0.2
+        end = [0.40, 0.65, 0.59] if seed == 2 else [0.40, 0.59, 0.59]
+        _cell("diversity_0.1", seed, end, [4, 4, 2, 8], 0.16)
+    misses = dv.goal_misses(dv.seed_results(qs.VARIANTS["diversity_0.1"], BASE), BASE)
+    assert misses == [
+        "ended more than 2 points below its best: seed 2 -6.0",
+        "diversity 80% of the base model's < 90%",
+    ]
