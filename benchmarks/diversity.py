@@ -155,14 +155,14 @@ def goal_misses(results: list[SeedResult], base: dict[str, Any]) -> list[str] | 
     misses = []
     gain = mean(r.last for r in chosen)
     if gain < GOAL_GAIN:
-        misses.append(f"mean gain {gain:+.1f} < +{GOAL_GAIN:g}")
+        misses.append(f"mean gain {gain:+.2f} < +{GOAL_GAIN:g}")
     fell_back = [r for r in chosen if r.last < r.best - GOAL_DROP]
     if fell_back:
-        named = ", ".join(f"seed {r.seed} {r.last - r.best:+.1f}" for r in fell_back)
+        named = ", ".join(f"seed {r.seed} {r.last - r.best:+.2f}" for r in fell_back)  # -2.04 is not -2.0
         misses.append(f"ended more than {GOAL_DROP:g} points below its best: {named}")
     kept = mean(r.diversity or 0.0 for r in chosen) / mean(base["diversity"])
     if kept < KEEP:
-        misses.append(f"diversity {100 * kept:.0f}% of the base model's < {100 * KEEP:.0f}%")
+        misses.append(f"diversity {100 * kept:.1f}% of the base model's < {100 * KEEP:.0f}%")
     return misses
 
 

@@ -110,6 +110,6 @@ def test_a_missed_goal_names_each_part_it_misses_with_its_figure(results):
         _cell("diversity_0.1", seed, end, [4, 4, 2, 8], 0.16)
     misses = dv.goal_misses(dv.seed_results(qs.VARIANTS["diversity_0.1"], BASE), BASE)
     assert misses == [
-        "ended more than 2 points below its best: seed 2 -6.0",
-        "diversity 80% of the base model's < 90%",
+        "ended more than 2 points below its best: seed 2 -6.00",
+        "diversity 80.0% of the base model's < 90%",
     ]
