@@ -273,6 +273,16 @@ def evaluate_with(
     return {k: v / n for k, v in totals.items()}
 
 
+def split_scores(
+    evaluate: Callable[[Sequence[str]], dict[str, float]], heldout: Sequence[str], train: Sequence[str]
+) -> dict[str, dict[str, float]]:
+    """``{"heldout": ..., "train": ...}``: ``evaluate`` on the held-out prompts and on as many train
+    prompts, every k-th (so every template of the train split is represented): the pretraining report's
+    evidence that the model learned the train split and not yet the held-out compositions."""
+    step = max(1, len(train) // len(heldout))
+    return {"heldout": evaluate(heldout), "train": evaluate(train[::step][: len(heldout)])}
+
+
 # ------------------------------------------------------------------------------- schedule and EMA
 def ema_with_warmup(decay: float) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
     """EMA step for ``AveragedModel``: the decay ramps up as ``(1 + n) / (10 + n)`` to ``decay``, so

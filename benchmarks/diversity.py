@@ -136,7 +136,7 @@ def row(name: str, results: list[SeedResult], base: dict[str, Any], seeds: tuple
     drop = min(r.last - r.best for r in chosen)
     return (
         f"| `{name}` | {', '.join(str(r.seed) for r in chosen)} | {_span([r.last for r in chosen], '+.1f')} "
-        f"| {drop:+.1f} | {_partial(kept, '.0f', len(chosen))} | {_partial(fell, '.1f', len(chosen))} |"
+        f"| {drop:+.1f} | {_partial(kept, '.1f', len(chosen))} | {_partial(fell, '.1f', len(chosen))} |"
     )
 
 

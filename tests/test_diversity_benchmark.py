@@ -59,7 +59,7 @@ def test_the_goal_needs_gain_stability_and_diversity_over_the_final_seeds(result
     assert dv.meets_goal(results_, BASE) is False
     assert results_[4].fell == 1 and results_[4].last == pytest.approx(20.0)
     row = dv.row("anchor_0.1", results_, BASE, qs.FINAL_SEEDS)
-    assert "| +19.2 [+19.0, +20.0] | -5.0 | 95 [95, 95] | 0.2 [0.0, 1.0] |" in row
+    assert "| +19.2 [+19.0, +20.0] | -5.0 | 95.0 [95.0, 95.0] | 0.2 [0.0, 1.0] |" in row
 
 
 def test_a_constructed_evaluation_is_kept_as_counts_and_diversities():

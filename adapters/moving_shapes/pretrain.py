@@ -23,6 +23,7 @@ from vgrpo_adapters._flow_pretrain import (
     PretrainConfig,
     draw_uniformly,
     evaluate_with,
+    split_scores,
     train_flow_model,
     write_pretrained,
 )
@@ -73,14 +74,11 @@ def evaluate(
 def evaluate_splits(
     adapter: MovingShapesAdapter, seeds: Sequence[int] = (0, 1), max_prompts: int | None = None
 ) -> dict[str, dict[str, float]]:
-    """``{"heldout": ..., "train": ...}``: ``evaluate`` on the held-out prompts (the first ``max_prompts``,
-    default all) and on as many train prompts, every k-th (singles and pairs both represented)."""
-    held, train = heldout_prompts()[:max_prompts], train_prompts()
-    step = max(1, len(train) // len(held))
-    return {
-        "heldout": evaluate(adapter, held, seeds),
-        "train": evaluate(adapter, train[::step][: len(held)], seeds),
-    }
+    """``evaluate`` on the held-out prompts (the first ``max_prompts``, default all) and on as many train
+    prompts (``split_scores``)."""
+    return split_scores(
+        lambda prompts: evaluate(adapter, prompts, seeds), heldout_prompts()[:max_prompts], train_prompts()
+    )
 
 
 def pretrain_moving_shapes(

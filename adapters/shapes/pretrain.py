@@ -33,7 +33,13 @@ from vgrpo_adapters._flow_pretrain import (  # the shared loop; names re-exporte
 from vgrpo_adapters._flow_pretrain import REPORT_FILE as REPORT_FILE
 from vgrpo_adapters._flow_pretrain import PretrainConfig as PretrainConfig
 from vgrpo_adapters._flow_pretrain import averaged as averaged
-from vgrpo_adapters._flow_pretrain import draw_uniformly, evaluate_with, train_flow_model, write_pretrained
+from vgrpo_adapters._flow_pretrain import (
+    draw_uniformly,
+    evaluate_with,
+    split_scores,
+    train_flow_model,
+    write_pretrained,
+)
 from vgrpo_adapters._flow_pretrain import drop_load_path as drop_load_path
 from vgrpo_adapters._flow_pretrain import ema_with_warmup as ema_with_warmup
 from vgrpo_adapters._flow_pretrain import flow_matching_loss as flow_matching_loss
@@ -114,14 +120,10 @@ def evaluate(
 def evaluate_splits(
     adapter: ToyAdapter, seeds: Sequence[int] = (0, 1), sampler: SamplerSpec = EVAL_SAMPLER
 ) -> dict[str, dict[str, float]]:
-    """``{"heldout": ..., "train": ...}``: ``evaluate`` on every held-out prompt and on as many train
-    prompts (every k-th, so all templates are represented)."""
-    held, train = heldout_prompts(), train_prompts()
-    step = max(1, len(train) // len(held))
-    return {
-        "heldout": evaluate(adapter, held, seeds, sampler),
-        "train": evaluate(adapter, train[::step][: len(held)], seeds, sampler),
-    }
+    """``evaluate`` on every held-out prompt and on as many train prompts (``split_scores``)."""
+    return split_scores(
+        lambda prompts: evaluate(adapter, prompts, seeds, sampler), heldout_prompts(), train_prompts()
+    )
 
 
 # --------------------------------------------------------------------------------------- training

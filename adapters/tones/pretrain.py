@@ -6,9 +6,10 @@ text encoder jointly, warm-up then cosine, EMA weights saved); clips are encoded
 spectrogram latents. What is this world's own is the data, the model and the evaluation.
 
 Resumable: every ``checkpoint_every`` steps, and when the wall-clock cap stops it, the run saves its
-whole state (weights, EMA, optimiser, schedule, every random generator) in ``<out>_resume/``; the same
-command run again continues from there, and the result equals an uninterrupted run's. The cap stops one
-invocation, not the run: a stopped run still writes its model and a report with ``"finished": false``.
+whole state (weights, EMA, optimiser, schedule, the prompt and noise generators) in ``<out>_resume/``;
+the same command run again continues from there, and the result equals an uninterrupted run's. The cap
+stops one invocation, not the run: a stopped run still writes its model and a report with
+``"finished": false``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from vgrpo_adapters._flow_pretrain import (
     EVAL_SAMPLER,
     PretrainConfig,
     draw_uniformly,
+    split_scores,
     train_flow_model,
     write_pretrained,
 )
@@ -94,14 +96,8 @@ def evaluate(
 
 
 def evaluate_splits(adapter: TonesAdapter, seeds: Sequence[int] = (0, 1)) -> dict[str, dict[str, float]]:
-    """``{"heldout": ..., "train": ...}``: ``evaluate`` on every held-out prompt and on as many train
-    prompts (every k-th, so both templates are represented)."""
-    held, train = heldout_prompts(), train_prompts()
-    step = max(1, len(train) // len(held))
-    return {
-        "heldout": evaluate(adapter, held, seeds),
-        "train": evaluate(adapter, train[::step][: len(held)], seeds),
-    }
+    """``evaluate`` on every held-out prompt and on as many train prompts (``split_scores``)."""
+    return split_scores(lambda prompts: evaluate(adapter, prompts, seeds), heldout_prompts(), train_prompts())
 
 
 # --------------------------------------------------------------------------------------- training
