@@ -10,8 +10,8 @@ here once.
 
 ``train_flow_model`` can also stop and go on: with ``state_file`` it writes everything a resume needs (the
 weights, the EMA, AdamW, the schedule, the data and noise generators' states) when the cap stops it and
-every ``checkpoint_every`` steps, and with ``resume`` it continues from that file, drawing what an
-uninterrupted run would have drawn.
+every ``checkpoint_every`` steps (``resume_state_file``), and the same call again continues from that
+file, drawing what an uninterrupted run would have drawn.
 """
 
 from __future__ import annotations
@@ -119,6 +119,12 @@ def _modules(adapter: PretrainableAdapter) -> torch.nn.ModuleList:
     return torch.nn.ModuleList([adapter.denoiser, adapter.text_encoder])
 
 
+def resume_state_file(out: Path) -> Path:
+    """Where a pretraining run writing ``out`` keeps what a resume needs: ``<out>_resume/state.pt``, beside
+    ``out`` (which is replaced when the model is written) and gone once the schedule is done."""
+    return out.with_name(f"{out.name}_resume") / "state.pt"
+
+
 def train_flow_model(
     adapter: PretrainableAdapter,
     config: PretrainConfig,
@@ -129,7 +135,6 @@ def train_flow_model(
     log: Callable[[str], None] = print,
     on_step: Callable[[int, torch.optim.swa_utils.AveragedModel], None] | None = None,
     state_file: Path | None = None,
-    resume: bool = False,
     checkpoint_every: int = 0,
     run_facts: Mapping[str, Any] | None = None,
 ) -> LoopResult:
@@ -138,7 +143,8 @@ def train_flow_model(
     Each step: ``draw_batch(rng)``, the flow-matching loss with ``gen``'s noise, an AdamW step with
     gradient clipping, the schedule, the EMA. ``on_step(step, ema)`` runs after each step (experiments'
     evaluations). ``state_file``: where the state a resume needs is written (at the cap, every
-    ``checkpoint_every`` steps) and, with ``resume``, read from first. ``run_facts`` (JSON-able: the model's
+    ``checkpoint_every`` steps) and, when it exists, read from first: the same call again goes on where a
+    cap or a kill stopped it; removed once the schedule is done. ``run_facts`` (JSON-able: the model's
     size, say) are saved with the state; a resume whose facts or settings differ is refused in one line.
     """
     facts = {**(run_facts or {}), "config": {k: v for k, v in asdict(config).items() if k != "max_minutes"}}
@@ -150,7 +156,7 @@ def train_flow_model(
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, config))
     t0 = time.perf_counter()
     loss_ema, step, done, before = math.nan, 0, 0, 0.0
-    if resume and state_file is not None:
+    if state_file is not None and state_file.is_file():
         done, loss_ema, before = _load_state(state_file, facts, adapter, ema, opt, sched, rng, gen)
         step = done
         log(f"resuming at step {done}/{config.steps} from {state_file}")
@@ -178,6 +184,8 @@ def train_flow_model(
             break
     if state_file is not None and step >= config.steps:
         state_file.unlink(missing_ok=True)  # finished: nothing left to resume
+        if state_file.parent.is_dir() and not any(state_file.parent.iterdir()):
+            state_file.parent.rmdir()
     return LoopResult(step, loss_ema, before + time.perf_counter() - t0, ema)
 
 

@@ -13,7 +13,7 @@ import torch
 from tiny_moving_shapes import TINY, build_tiny_moving_shapes
 from typer.testing import CliRunner
 from vgrpo_adapters._diffusers_export import LORA_FILE
-from vgrpo_adapters._flow_pretrain import PretrainConfig, flow_matching_loss
+from vgrpo_adapters._flow_pretrain import PretrainConfig, flow_matching_loss, resume_state_file
 from vgrpo_adapters._weights import ModelWeightsError
 from vgrpo_adapters.moving_shapes.build import build_moving_shapes_model, world_words
 from vgrpo_adapters.moving_shapes.impl import MovingShapesAdapter
@@ -21,7 +21,6 @@ from vgrpo_adapters.moving_shapes.pretrain import (
     REPORT_FILE,
     pretrain_moving_shapes,
     render_clips,
-    state_path,
 )
 from vgrpo_rewards.moving_shapes import Config as RewardConfig
 from vgrpo_rewards.moving_shapes.impl import MovingShapesReward
@@ -163,7 +162,7 @@ def test_a_three_step_pretraining_writes_a_loadable_folder_and_its_report(tmp_pa
     report = pretrain_moving_shapes(
         out, config, TINY, eval_seeds=(0,), log=lambda s: None, max_eval_prompts=4
     )
-    assert report["steps"] == 3 and report["finished"] and not state_path(out).exists()
+    assert report["steps"] == 3 and report["finished"] and not resume_state_file(out).parent.exists()
     written = json.loads((out / REPORT_FILE).read_text())
     assert written["eval"]["heldout"].keys() == {*CRITERIA, "correct"} == written["eval"]["train"].keys()
     assert written["heldout_solved"] is False and written["size"]["num_frames"] == TINY.num_frames
@@ -184,13 +183,13 @@ def test_a_capped_run_resumes_to_the_uninterrupted_runs_weights(tmp_path: Path) 
     capped = PretrainConfig(**{**base.__dict__, "max_minutes": 0.0})
     out = tmp_path / "capped"
     first = pretrain_moving_shapes(out, capped, TINY, eval_seeds=(), log=quiet)
-    assert first["steps"] == 1 and not first["finished"] and state_path(out).is_file()
+    assert first["steps"] == 1 and not first["finished"] and resume_state_file(out).is_file()
     longer = PretrainConfig(**{**capped.__dict__, "steps": 4})
     with pytest.raises(RecipeError, match="saved with other config"):  # another schedule: refused
-        pretrain_moving_shapes(out, longer, TINY, eval_seeds=(), log=quiet, resume=True)
-    pretrain_moving_shapes(out, capped, TINY, eval_seeds=(), log=quiet, resume=True)
-    last = pretrain_moving_shapes(out, capped, TINY, eval_seeds=(), log=quiet, resume=True)
-    assert last["steps"] == 3 and last["finished"] and not state_path(out).exists()
+        pretrain_moving_shapes(out, longer, TINY, eval_seeds=(), log=quiet)
+    pretrain_moving_shapes(out, capped, TINY, eval_seeds=(), log=quiet)
+    last = pretrain_moving_shapes(out, capped, TINY, eval_seeds=(), log=quiet)
+    assert last["steps"] == 3 and last["finished"] and not resume_state_file(out).parent.exists()
     whole, resumed = _load(tmp_path / "whole"), _load(out)
     for a, b in zip(whole.denoiser.parameters(), resumed.denoiser.parameters(), strict=True):
         assert torch.equal(a, b)
@@ -210,15 +209,32 @@ def test_the_command_and_both_plugins_are_registered() -> None:
     runner = CliRunner()
     result = runner.invoke(app, ["pretrain-moving-shapes", "--help"])
     assert result.exit_code == 0, result.output
-    assert all(flag in result.output for flag in ("--out", "--steps", "--minutes", "--seed", "--resume"))
+    assert all(flag in result.output for flag in ("--out", "--steps", "--minutes", "--seed", "--eval-seeds"))
     listed = runner.invoke(app, ["plugins"])
     assert listed.exit_code == 0, listed.output
     rows = [line for line in listed.output.splitlines() if "moving_shapes" in line]
     assert any("adapter" in r for r in rows) and any("reward" in r for r in rows), listed.output
 
 
-def test_resume_without_a_saved_state_is_a_one_line_error(tmp_path: Path) -> None:
+def test_the_same_command_again_goes_on_from_a_capped_run(tmp_path: Path) -> None:
+    """The CLI keeps a capped run's state in ``OUT_resume/`` and the next identical call finishes it."""
     add_plugin_commands(app)
-    result = CliRunner().invoke(app, ["pretrain-moving-shapes", "--out", str(tmp_path / "m"), "--resume"])
-    assert isinstance(result.exception, RecipeError), result.output  # `vgrpo` prints it as one line
-    assert "no saved state" in str(result.exception) and not (tmp_path / "m").exists()
+    out = tmp_path / "m"
+    command = [
+        "pretrain-moving-shapes",
+        "--out",
+        str(out),
+        "--steps",
+        "2",
+        "--minutes",
+        "0",
+        "--eval-seeds",
+        "0",
+    ]
+    first = CliRunner().invoke(app, command)
+    assert first.exit_code == 0, first.output
+    assert "stopped at step 1/2" in first.output and resume_state_file(out).is_file()
+    second = CliRunner().invoke(app, command)
+    assert second.exit_code == 0, second.output
+    assert "resuming at step 1/2" in second.output and not resume_state_file(out).parent.exists()
+    assert json.loads((out / REPORT_FILE).read_text())["finished"] is True

@@ -16,12 +16,13 @@ import pytest
 import torch
 from typer.testing import CliRunner
 from vgrpo_adapters import tones as tones_entry
+from vgrpo_adapters._flow_pretrain import resume_state_file
 from vgrpo_adapters._weights import ModelWeightsError
 from vgrpo_adapters.tones import Config
 from vgrpo_adapters.tones.build import ModelSize, build_tones_model
 from vgrpo_adapters.tones.codec import BINS, FRAMES, N_SAMPLES, SAMPLE_RATE, SpectrogramCodec
 from vgrpo_adapters.tones.impl import TonesAdapter, model_folder
-from vgrpo_adapters.tones.pretrain import TONES_CONFIG, pretrain, resume_dir, synth_batch, world_words
+from vgrpo_adapters.tones.pretrain import TONES_CONFIG, pretrain, synth_batch, world_words
 from vgrpo_rewards import tones as tones_rewards
 from vgrpo_rewards.tones import world as w
 from vgrpo_rewards.tones.detect import score_clip
@@ -171,7 +172,9 @@ def test_a_lora_v_grpo_run_on_the_tones_reward_trains_and_exports(folder: Path, 
 def test_pretraining_smoke_writes_a_loadable_folder_and_a_report(tmp_path: Path) -> None:
     config = dataclasses.replace(TONES_CONFIG, steps=3, batch_size=4, warmup_steps=1)
     report = pretrain(tmp_path / "m", config, TINY, eval_seeds=(0,), log=lambda s: None)
-    assert report["steps"] == 3 and report["finished"] and not resume_dir(tmp_path / "m").exists()
+    assert (
+        report["steps"] == 3 and report["finished"] and not resume_state_file(tmp_path / "m").parent.exists()
+    )
     written = json.loads((tmp_path / "m" / "pretrain_report.json").read_text())
     assert set(written["eval"]) == {"train", "heldout"}
     assert set(written["eval"]["heldout"]) == {"count", "kind", "pitch", "direction", "order", "correct"}
@@ -188,10 +191,10 @@ def test_a_capped_run_resumes_to_the_uninterrupted_runs_weights(tmp_path: Path) 
     pretrain(tmp_path / "a", config, TINY, eval_seeds=(), log=lambda s: None)
     capped = dataclasses.replace(config, max_minutes=0)  # stops after every step
     first = pretrain(tmp_path / "b", capped, TINY, eval_seeds=(), log=lambda s: None)
-    assert first["steps"] == 1 and not first["finished"] and resume_dir(tmp_path / "b").is_dir()
+    assert first["steps"] == 1 and not first["finished"] and resume_state_file(tmp_path / "b").is_file()
     pretrain(tmp_path / "b", capped, TINY, eval_seeds=(), log=lambda s: None)
     last = pretrain(tmp_path / "b", config, TINY, eval_seeds=(), log=lambda s: None)
-    assert last["steps"] == 3 and last["finished"] and not resume_dir(tmp_path / "b").exists()
+    assert last["steps"] == 3 and last["finished"] and not resume_state_file(tmp_path / "b").parent.exists()
     a, b = TonesAdapter.load(tmp_path / "a"), TonesAdapter.load(tmp_path / "b")
     for (name, p), q in zip(a.denoiser.state_dict().items(), b.denoiser.state_dict().values(), strict=True):
         assert torch.equal(p, q), name

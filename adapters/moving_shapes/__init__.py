@@ -73,26 +73,19 @@ def register_commands(app: Any) -> None:  # app: the root typer.Typer
         eval_seeds: int = typer.Option(
             2, "--eval-seeds", min=0, help="Samples per prompt of the final evaluation (0 = skip it)."
         ),
-        resume: bool = typer.Option(
-            False, "--resume", help="Go on from the state a capped run left beside --out (<out>.state.pt)."
-        ),
     ) -> None:
         """Pretrain the moving-shapes video model from scratch (flow matching) and report its accuracy.
 
         Writes the model folder and pretrain_report.json (train and held-out accuracy per criterion).
-        With --minutes the run stops at the cap, still writes both, and keeps <out>.state.pt so that
-        the same command with --resume finishes the schedule.
+        With --minutes the run stops at the cap, still writes both, and keeps its state in OUT_resume/ so
+        that the same command run again finishes the schedule.
         """
         import dataclasses
 
-        from vgrpo_platform.errors import RecipeError
-
-        from .pretrain import PROPOSED, state_path
+        from .pretrain import PROPOSED
         from .pretrain import pretrain_moving_shapes as run
 
         config = dataclasses.replace(PROPOSED, seed=seed, max_minutes=minutes)
         if steps is not None:
             config = dataclasses.replace(config, steps=steps)
-        if resume and not state_path(out).is_file():
-            raise RecipeError(f"--resume: no saved state {state_path(out)}; run without --resume to start")
-        run(out, config, eval_seeds=tuple(range(eval_seeds)), log=typer.echo, resume=resume)
+        run(out, config, eval_seeds=tuple(range(eval_seeds)), log=typer.echo)

@@ -6,8 +6,9 @@ on clips: each step renders ``batch_size`` train prompts as ``[3, F, R, R]`` cli
 leaves the model imperfect on the held-out compositions, so that RL has something to teach; the report
 says whether the base model already solves them.
 
-Resumable: a run stopped by ``max_minutes`` keeps its state beside the output (``state_path``) and
-``resume=True`` finishes the same schedule, drawing what an uninterrupted run would have drawn.
+Resumable: a run stopped by ``max_minutes`` (or killed) keeps its state beside the output
+(``resume_state_file``) and the same call again finishes the same schedule, drawing what an uninterrupted
+run would have drawn.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from vgrpo_adapters._flow_pretrain import (
     PretrainConfig,
     draw_uniformly,
     evaluate_with,
+    resume_state_file,
     split_scores,
     train_flow_model,
     write_pretrained,
@@ -44,12 +46,6 @@ compositions (then RL has little to teach: stop earlier)."""
 PROPOSED = PretrainConfig(steps=6000, batch_size=16, lr=2e-3, warmup_steps=200)
 """The settings proposed for the first real run (``vgrpo pretrain-moving-shapes`` defaults)."""
 CHECKPOINT_EVERY = 250  # steps between resume states: a killed run loses at most this much
-
-
-def state_path(out: str | Path) -> Path:
-    """Where a capped run keeps what ``resume`` needs: ``<out>.state.pt`` beside the model folder."""
-    out = Path(out)
-    return out.with_name(out.name + ".state.pt")
 
 
 def render_clips(prompts: Sequence[str], rng: np.random.Generator, size: int, frames: int) -> torch.Tensor:
@@ -87,7 +83,6 @@ def pretrain_moving_shapes(
     size: ModelSize = ModelSize(),
     eval_seeds: Sequence[int] = (0, 1),
     log: Callable[[str], None] = print,
-    resume: bool = False,
     max_eval_prompts: int | None = None,
 ) -> dict:
     """Train from scratch (or resume), write the model folder ``out`` and ``pretrain_report.json``.
@@ -118,12 +113,11 @@ def pretrain_moving_shapes(
         rng,
         gen,
         log=log,
-        state_file=state_path(out),
-        resume=resume,
+        state_file=resume_state_file(out),
         checkpoint_every=CHECKPOINT_EVERY,
     )
     if not result.finished(config):
-        log(f"stopped at step {result.step}/{config.steps}: the same command with --resume goes on")
+        log(f"stopped at step {result.step}/{config.steps}: run the same command again to continue")
     return write_pretrained(
         adapter,
         result,

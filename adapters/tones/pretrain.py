@@ -15,7 +15,6 @@ stops one invocation, not the run: a stopped run still writes its model and a re
 from __future__ import annotations
 
 import math
-import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -27,6 +26,7 @@ from vgrpo_adapters._flow_pretrain import (
     EVAL_SAMPLER,
     PretrainConfig,
     draw_uniformly,
+    resume_state_file,
     split_scores,
     train_flow_model,
     write_pretrained,
@@ -47,7 +47,6 @@ TONES_CONFIG = PretrainConfig(steps=10000, batch_size=32, lr=1e-3, warmup_steps=
 SOLVED = 0.6
 """Held-out ``correct`` at or above which the report says the base model already solves the held-out
 compositions (then RL has little to teach: stop pretraining earlier)."""
-STATE_FILE = "state.pt"
 
 
 def world_words() -> list[str]:
@@ -101,11 +100,6 @@ def evaluate_splits(adapter: TonesAdapter, seeds: Sequence[int] = (0, 1)) -> dic
 
 
 # --------------------------------------------------------------------------------------- training
-def resume_dir(out: Path) -> Path:
-    """Where a run keeps the state it resumes from: beside ``out``, which is replaced at the end."""
-    return out.with_name(f"{out.name}_resume")
-
-
 def pretrain(
     out: str | Path,
     config: PretrainConfig = TONES_CONFIG,
@@ -118,10 +112,10 @@ def pretrain(
 
     The loop, the resume state and the report are the shared ones (``vgrpo_adapters._flow_pretrain``);
     what is the tones world's own is the data (synthesised clips as codec latents), the model and the
-    evaluation. A state left in ``resume_dir(out)`` by a capped run is picked up by the same call again.
+    evaluation. A state left in ``resume_state_file(out)`` by a capped run is picked up by the same call
+    again.
     """
     out = Path(out)
-    state_file = resume_dir(out) / STATE_FILE
     torch.manual_seed(config.seed)
     rng = np.random.default_rng(config.seed)
     gen = torch.Generator().manual_seed(config.seed)
@@ -140,14 +134,13 @@ def pretrain(
         rng,
         gen,
         log=log,
-        state_file=state_file,
-        resume=state_file.is_file(),
+        state_file=resume_state_file(out),
         checkpoint_every=checkpoint_every,
         run_facts={"size": asdict(size)},
     )
     if not result.finished(config):
         log(f"stopped at step {result.step}/{config.steps}: run the same command again to continue")
-    report = write_pretrained(
+    return write_pretrained(
         adapter,
         result,
         out,
@@ -159,6 +152,3 @@ def pretrain(
         solved=SOLVED,
         log=log,
     )
-    if result.finished(config) and resume_dir(out).exists():
-        shutil.rmtree(resume_dir(out))
-    return report
