@@ -314,11 +314,30 @@ def _summary(rows: list[dict[str, Any]]) -> str:
     return f"{mean(lasts):+.1f} [{min(lasts):+.1f}, {max(lasts):+.1f}] over {len(rows)}"
 
 
+def base_model_line(quickstart: Quickstart) -> str:
+    """A video or audio quickstart's shipped base model, per criterion, from the ``pretrain_report.json``
+    committed beside its weights (``vgrpo_adapters.<world>/weights``); empty for the image quickstart."""
+    world = quickstart.metric.split("/")[1]
+    report_file = ROOT / "adapters" / world / "weights" / "pretrain_report.json"
+    if quickstart is IMAGE or not report_file.exists():
+        return ""
+    report = json.loads(report_file.read_text())
+    split = {
+        k: " ".join(f"{c} {100 * v:.1f}%" for c, v in scores.items()) for k, scores in report["eval"].items()
+    }
+    return (
+        f"The shipped `{world}` model ({report['steps']} pretraining steps, "
+        f"{report['seconds'] / 60:.0f} min on {report['threads']} thread(s); "
+        f"{len(report['eval_seeds'])} samples per prompt): held-out "
+        f"{split['heldout']}; train {split['train']}.\n\n"
+    )
+
+
 def table(variant: Variant) -> str:
     """The markdown table and its summary lines, from the committed records only."""
     rows = seed_rows(variant)
     if not rows:
-        return f"No finished seed of `{variant.name}` yet.\n"
+        return base_model_line(variant.quickstart) + f"No finished seed of `{variant.name}` yet.\n"
     iterations = sorted({it for r in rows for it in r["gains"]})
     head = "| seed | role | " + " | ".join(str(i) for i in iterations) + " | last - best |"
     lines = [head, "|" + "---|" * (len(iterations) + 3)]
@@ -329,7 +348,7 @@ def table(variant: Variant) -> str:
     tuning = [r for r in rows if r["seed"] in variant.quickstart.tuning]
     unseen = [r for r in rows if r["seed"] not in variant.quickstart.tuning]
     missing = [s for s in variant.seeds if s not in {r["seed"] for r in rows}]
-    text = "\n".join(lines) + "\n\n"
+    text = base_model_line(variant.quickstart) + "\n".join(lines) + "\n\n"
     text += f"Held-out `correct` at iteration 0: {rows[0]['base']:.1f}%. Gain at the last evaluation "
     text += "(points), mean [range]: "
     text += f"all seeds {_summary(rows)}; tuning seeds {_summary(tuning)}; unseen seeds {_summary(unseen)}."

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from vgrpo_adapters import tones as tones_entry
 from vgrpo_adapters._flow_pretrain import resume_state_file
 from vgrpo_adapters._weights import ModelWeightsError
-from vgrpo_adapters.tones import Config
+from vgrpo_adapters.tones import WEIGHTS_DIR, Config
 from vgrpo_adapters.tones.build import ModelSize, build_tones_model
 from vgrpo_adapters.tones.codec import BINS, FRAMES, N_SAMPLES, SAMPLE_RATE, SpectrogramCodec
 from vgrpo_adapters.tones.impl import TonesAdapter, model_folder
@@ -28,7 +28,7 @@ from vgrpo_rewards.tones import world as w
 from vgrpo_rewards.tones.detect import score_clip
 
 from vgrpo_platform.config.recipe import resolve_recipe
-from vgrpo_platform.errors import PluginError, RecipeError
+from vgrpo_platform.errors import RecipeError
 from vgrpo_platform.ode_solvers import solve_flow_ode
 from vgrpo_platform.protocols import Adapter, BuildContext, SamplerSpec
 
@@ -64,12 +64,27 @@ def test_registered_with_documented_options_and_a_torch_free_entry_module() -> N
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_model_path_is_required_and_resolved_against_the_recipe_folder(tmp_path: Path) -> None:
-    with pytest.raises(PluginError, match="vgrpo pretrain-tones"):
-        build({})
+def test_model_path_defaults_to_the_shipped_model_and_is_resolved_against_the_recipe_folder(
+    tmp_path: Path,
+) -> None:
+    assert model_folder(Config()) == WEIGHTS_DIR
     assert model_folder(Config(model_path="m"), BuildContext(recipe_dir=tmp_path)) == tmp_path / "m"
     with pytest.raises(ModelWeightsError, match="lacks transformer/.*vgrpo pretrain-tones"):
         build({"model_path": str(tmp_path / "missing")})
+
+
+def test_the_shipped_model_is_small_finished_and_not_solving_the_heldout_sounds() -> None:
+    files = [p for p in WEIGHTS_DIR.rglob("*") if p.is_file()]
+    assert {p.parent.name for p in files} >= {"transformer", "text_encoder", "tokenizer"}
+    assert not any(p.suffix in (".bin", ".pt") for p in files)
+    assert sum(p.stat().st_size for p in files) < 10 * 2**20
+    report = json.loads((WEIGHTS_DIR / "pretrain_report.json").read_text())
+    assert report["finished"] and report["heldout_solved"] is False  # RL has something to teach
+    assert report["eval"]["train"]["correct"] > report["eval"]["heldout"]["correct"]  # learned train more
+    adapter = build({})
+    direct = TonesAdapter.load(WEIGHTS_DIR)
+    for a, b in zip(adapter.denoiser.parameters(), direct.denoiser.parameters(), strict=True):
+        assert torch.equal(a, b)
 
 
 def test_codec_keeps_what_the_reward_hears_on_every_prompt() -> None:

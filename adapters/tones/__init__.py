@@ -2,8 +2,9 @@
 
 A tiny text-to-audio flow model of the tones world (``vgrpo_rewards.tones.world``): a
 ``LongCatAudioDiTTransformer`` at toy size over log-magnitude spectrograms, decoded with Griffin-Lim,
-and a tiny CLIP text encoder. ``vgrpo pretrain-tones`` writes one; no model ships yet, so
-``model_path`` is required. No torch here: the heavy modules load in the factory and the command.
+and a tiny CLIP text encoder. ``vgrpo pretrain-tones`` writes one; the one it writes with its defaults
+ships in ``weights/`` and is the default ``model_path``. No torch here: the heavy modules load in the
+factory and the command.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ from vgrpo_adapters._weights import PickleWeightsOption
 from vgrpo_platform.hookspecs import hookimpl
 from vgrpo_platform.registry import Component
 
+WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
+"""The shipped model: ``transformer/``, ``text_encoder/``, ``tokenizer/`` and ``pretrain_report.json``
+(written by ``pretrain-tones`` with its defaults)."""
+
 
 class Config(PickleWeightsOption):
     """Options of ``[adapter.options]`` for ``name = "tones"``."""
@@ -26,8 +31,8 @@ class Config(PickleWeightsOption):
     model_path: str | None = Field(
         None,
         description="Folder with transformer/, text_encoder/ and tokenizer/ written by "
-        "`vgrpo pretrain-tones` (relative paths are resolved against the recipe's folder); required: "
-        "no tones model ships yet.",
+        "`vgrpo pretrain-tones` (relative paths are resolved against the recipe's folder); "
+        "null = the model shipped with the package.",
     )
     shift: float = Field(
         3.0,

@@ -27,7 +27,7 @@ from vgrpo_platform.network import CoreCalledAdapter
 from vgrpo_platform.noise_schedules import RectifiedFlowSchedule
 from vgrpo_platform.protocols import BuildContext, Conditioning, Samples
 
-from . import Config
+from . import WEIGHTS_DIR, Config
 from .codec import BINS, FRAMES, N_SAMPLES, SAMPLE_RATE, SpectrogramCodec
 
 
@@ -139,13 +139,8 @@ class TonesAdapter(CoreCalledAdapter, TransformerExport):
 
 
 def model_folder(config: Config, context: BuildContext | None = None) -> Path:
-    """``config.model_path``, relative to the recipe's folder when relative; no model ships yet."""
-    if config.model_path is None:
-        raise PluginError(
-            "the tones adapter needs adapter.options.model_path (no tones model ships with vgrpo yet): "
-            "write one with `vgrpo pretrain-tones --out DIR` and set model_path to DIR"
-        )
-    return resolve_model_path(config.model_path, context)
+    """``config.model_path``, relative to the recipe's folder when relative, else the shipped model."""
+    return resolve_model_path(config.model_path, context) or WEIGHTS_DIR
 
 
 def load_tones_adapter(config: Config, context: BuildContext) -> TonesAdapter:

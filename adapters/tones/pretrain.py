@@ -43,7 +43,7 @@ from .codec import SpectrogramCodec
 from .impl import TonesAdapter
 
 TONES_CONFIG = PretrainConfig(steps=10000, batch_size=32, lr=1e-3, warmup_steps=200)
-"""The settings ``vgrpo pretrain-tones`` runs by default (proposed; no tones model ships yet)."""
+"""The settings ``vgrpo pretrain-tones`` runs by default (those of the shipped model)."""
 SOLVED = 0.6
 """Held-out ``correct`` at or above which the report says the base model already solves the held-out
 compositions (then RL has little to teach: stop pretraining earlier)."""
