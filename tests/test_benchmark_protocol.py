@@ -261,8 +261,8 @@ def test_git_keeps_only_a_cells_marker_and_records(tmp_path):
 
 
 def _tiny_media_model(world: str, folder: Path) -> list[str]:
-    """A tiny random model of the world's adapter (its world file names no folder until one ships), as
-    ``--set`` overrides."""
+    """A tiny random model of the world's adapter in place of the shipped one (a test's cell runs in
+    seconds), as ``--set`` overrides."""
     if world == "video":
         from tiny_moving_shapes import build_tiny_moving_shapes
 
