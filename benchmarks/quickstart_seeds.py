@@ -322,14 +322,16 @@ def base_model_line(quickstart: Quickstart) -> str:
     if quickstart is IMAGE or not report_file.exists():
         return ""
     report = json.loads(report_file.read_text())
-    split = {
-        k: " ".join(f"{c} {100 * v:.1f}%" for c, v in scores.items()) for k, scores in report["eval"].items()
-    }
+
+    def scores(split: str) -> str:
+        figures = report["eval"][split]
+        order = ["correct", *sorted(k for k in figures if k != "correct")]
+        return ", ".join(f"{k} {100 * figures[k]:.1f}%" for k in order)
+
     return (
         f"The shipped `{world}` model ({report['steps']} pretraining steps, "
-        f"{report['seconds'] / 60:.0f} min on {report['threads']} thread(s); "
-        f"{len(report['eval_seeds'])} samples per prompt): held-out "
-        f"{split['heldout']}; train {split['train']}.\n\n"
+        f"{report['seconds'] / 60:.0f} min of wall clock; {len(report['eval_seeds'])} samples per prompt): "
+        f"held-out {scores('heldout')}; train {scores('train')}.\n\n"
     )
 
 
@@ -375,8 +377,9 @@ def media_sentence(variant: Variant) -> str:
     if not unseen:
         return f"{command}: no unseen seed has run yet."
     lasts = [r["last"] for r in unseen]
-    walls = [_cell(variant.name, r["seed"], q).get("wall_s") for r in rows]
-    longest = max((w for w in walls if w is not None), default=None)
+    cells = [_cell(variant.name, r["seed"], q) for r in rows]
+    timed = [c for c in cells if c.get("wall_s") is not None]
+    longest = max(timed, key=lambda c: c["wall_s"], default=None)
     text = (
         f"{command} ({q.name}): held-out accuracy ({q.correct_means}) from {rows[0]['base']:.1f}% "
         f"by **{mean(lasts):+.1f} points on average over {len(unseen)} unseen run seeds (range "
@@ -387,7 +390,9 @@ def media_sentence(variant: Variant) -> str:
         parts = [f"seed {r['seed']}, which tuned it: {r['last']:+.1f}" for r in tuned]
         text += "; " + ", ".join(parts)
     if longest is not None:
-        text += f"; the longest run took {longest / 60:.0f} min"
+        text += f"; the longest run took {longest['wall_s'] / 60:.0f} min"
+        if longest.get("threads") == 1:
+            text += " on one thread, beside another run on the other core"
     missing = [s for s in variant.seeds if s not in {r["seed"] for r in rows}]
     named = f"seed{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}"
     pending = f"; {named} not run yet" if missing else ""

@@ -57,6 +57,18 @@ def test_every_committed_cell_ran_the_shipped_recipe_settings():
         assert json.loads(path.read_text())["recipe_settings_sha256"] == expected, path
 
 
+def test_every_committed_audio_cell_ran_the_frozen_recipe_and_the_table_names_the_base_model():
+    expected = qs.recipe_digest(qs.AUDIO.recipe)
+    cells = sorted((qs.results_of(qs.AUDIO) / "shipped").glob("seed*/cell.json"))
+    assert cells, "no committed seed of the audio quickstart"
+    for path in cells:
+        assert json.loads(path.read_text())["recipe_settings_sha256"] == expected, path
+    report = json.loads((qs.ROOT / "adapters" / "tones" / "weights" / "pretrain_report.json").read_text())
+    line = qs.base_model_line(qs.AUDIO)
+    assert f"held-out correct {100 * report['eval']['heldout']['correct']:.1f}%, count" in line
+    assert f"{report['steps']} pretraining steps" in line and qs.base_model_line(qs.IMAGE) == ""
+
+
 def test_a_media_quickstart_reports_its_unseen_seeds_with_the_tuning_seed_apart(tmp_path, monkeypatch):
     """The video quickstart's cells live beside the image one's; its figure is seeds 1-3 (MEDIA_SEED_RULE)."""
     monkeypatch.setattr(qs, "RESULTS", tmp_path / "quickstart")
@@ -68,14 +80,15 @@ def test_a_media_quickstart_reports_its_unseen_seeds_with_the_tuning_seed_apart(
         out = qs.cell_dir("shipped", seed, qs.VIDEO)
         out.mkdir(parents=True)
         (out / qs.records.RECORDS).write_text(json.dumps(qs.records.compact(rows)))
-        (out / "cell.json").write_text(json.dumps({"seed": seed, "wall_s": 600.0 + 60 * seed}))
+        (out / "cell.json").write_text(json.dumps({"seed": seed, "wall_s": 600.0 + 60 * seed, "threads": 1}))
     text = qs.table(variant)
     assert "| 0 | tuning | +30.0 |" in text and "| 1 | unseen | +15.0 |" in text
     assert "unseen seeds +17.5 [+15.0, +20.0] over 2" in text and "Not run yet: seeds 3." in text
     line = qs.media_sentence(variant)
     assert line.startswith("`vgrpo run recipes/quickstart_video.toml` (video)")
     assert "**+17.5 points on average over 2 unseen run seeds (range +15.0 to +20.0)**" in line
-    assert "seed 0, which tuned it: +30.0" in line and "the longest run took 12 min" in line
+    assert "seed 0, which tuned it: +30.0" in line
+    assert "the longest run took 12 min on one thread, beside another run on the other core" in line
     assert "seed 3 not run yet" in line
     begin, end, readme_begin, _ = qs.markers(qs.VIDEO)
     assert "--quickstart video" in begin and begin != qs.BEGIN and readme_begin != qs.README_BEGIN
