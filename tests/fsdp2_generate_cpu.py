@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from pathlib import Path
@@ -30,8 +31,8 @@ def _counted(*args: object, **kwargs: object) -> object:
     return _gather(*args, **kwargs)
 
 
-def main(out: Path, run_dir: Path) -> None:
-    dist.init_process_group("gloo")
+def measure(run_dir: Path) -> dict:
+    """Three rollouts of the sharded toy model: per-step gathers, gathered once, per-step again."""
     _fsdp_param_group.foreach_all_gather = _counted
     torch.manual_seed(0)
     context = BuildContext(device=torch.device("cpu"), seed=0, run_dir=run_dir, recipe_dir=run_dir)
@@ -65,17 +66,27 @@ def main(out: Path, run_dir: Path) -> None:
         p.numel() for p in denoiser.parameters()
     )
     after, after_gathers = generate()  # the setting is back: every step gathers again
+    return {
+        "units": len(blocks) + 1,
+        "steps": sampler.steps,
+        "gathers_plain": plain_gathers,
+        "gathers_once": once_gathers,
+        "gathers_after": after_gathers,
+        "same_samples": bool(torch.equal(plain, once)) and bool(torch.equal(plain, after)),
+        "resharded": resharded,
+    }
+
+
+def main(out: Path, run_dir: Path) -> None:
+    dist.init_process_group("gloo")
+    record = measure(run_dir)
     if dist.get_rank() == 0:
-        record = {
-            "units": len(blocks) + 1,
-            "steps": sampler.steps,
-            "gathers_plain": plain_gathers,
-            "gathers_once": once_gathers,
-            "gathers_after": after_gathers,
-            "same_samples": bool(torch.equal(plain, once)) and bool(torch.equal(plain, after)),
-            "resharded": resharded,
-        }
         out.write_text(json.dumps(record))
+    # Every rank waits here and drops the sharded model (and any gloo work it still holds) before the
+    # group goes: a gloo group torn down with work alive, or left to interpreter exit, can abort a rank
+    # ("terminate called without an active exception"), as it once did in CI.
+    dist.barrier()
+    gc.collect()
     dist.destroy_process_group()
 
 
