@@ -46,7 +46,7 @@ class Config(PluginConfig):
         0.8, gt=0, description="Pitch change, first quarter to last, that makes a tone a sweep (octaves)."
     )
     tonal_share: float = Field(
-        0.2,
+        0.85,
         gt=0,
         lt=1,
         description="Median share of a frame's power at its peak bin (+-1) that makes a tone.",
