@@ -144,7 +144,8 @@ def train_flow_model(
     gradient clipping, the schedule, the EMA. ``on_step(step, ema)`` runs after each step (experiments'
     evaluations). ``state_file``: where the state a resume needs is written (at the cap, every
     ``checkpoint_every`` steps) and, when it exists, read from first: the same call again goes on where a
-    cap or a kill stopped it; removed once the schedule is done. ``run_facts`` (JSON-able: the model's
+    cap or a kill stopped it; removed once the schedule is done, with its folder if that is left empty
+    (the folder is the run's own: ``resume_state_file``). ``run_facts`` (JSON-able: the model's
     size, say) are saved with the state; a resume whose facts or settings differ is refused in one line.
     """
     facts = {**(run_facts or {}), "config": {k: v for k, v in asdict(config).items() if k != "max_minutes"}}
@@ -373,6 +374,37 @@ def write_pretrained(
             if report["heldout_solved"]:
                 log(f"the base model already solves the held-out prompts (correct >= {solved}): train less")
     (out / REPORT_FILE).write_text(json.dumps(report, indent=2, sort_keys=True))
+    return report
+
+
+def rescore_report(
+    out: Path,
+    *,
+    load: Callable[[Path], PretrainableAdapter],
+    evaluate_splits: Callable[[PretrainableAdapter, Sequence[int]], dict[str, dict[str, float]]],
+    why: str,
+    solved: float | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Evaluate the model folder ``out`` again and rewrite its report's accuracy; trains nothing.
+
+    Why: a judge whose test changes moves a base model's figures with no training. The figures it
+    replaces stay in the report, beside the new ones, under ``rescored`` (with ``why`` and the date).
+    """
+    path = out / REPORT_FILE
+    if not path.is_file():
+        raise RecipeError(f"{out} has no {REPORT_FILE}: rescore a folder that a pretraining run wrote")
+    report = json.loads(path.read_text())
+    seeds = report.get("eval_seeds") or [0, 1]
+    before = {k: report[k] for k in ("eval", "heldout_solved") if k in report}
+    report["eval"] = evaluate_splits(load(out), seeds)
+    report["eval_seeds"] = list(seeds)
+    if solved is not None:
+        report["heldout_solved"] = report["eval"]["heldout"]["correct"] >= solved
+    report.setdefault("rescored", []).append({"why": why, "on": time.strftime("%Y-%m-%d"), "before": before})
+    for split, scores in report["eval"].items():
+        log(f"{split:8s} " + "  ".join(f"{k} {v:.3f}" for k, v in scores.items()))
+    path.write_text(json.dumps(report, indent=2, sort_keys=True))
     return report
 
 

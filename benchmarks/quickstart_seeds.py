@@ -34,6 +34,8 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
+from vgrpo_adapters.tones import WEIGHTS_DIR as TONES_WEIGHTS
+
 from benchmarks import records
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,6 +68,7 @@ class Quickstart:
     tuning: frozenset[int]
     seed_rule: str
     correct_means: str  # what a correct sample is, in the README's words
+    weights: Path | None = None  # the shipped base model's folder (its pretrain_report.json), if one ships
 
 
 IMAGE = Quickstart(
@@ -86,6 +89,7 @@ AUDIO = Quickstart(
     frozenset({0}),
     MEDIA_SEED_RULE,
     "count, kind, pitch, direction and order all right",
+    TONES_WEIGHTS,
 )
 QUICKSTARTS = {q.name: q for q in (IMAGE, VIDEO, AUDIO)}
 
@@ -153,6 +157,14 @@ VARIANTS = {
 }
 # the video and audio quickstarts' seeds (MEDIA_SEED_RULE): 0 tuned, 1-3 the figure
 MEDIA_VARIANTS = {q.name: Variant("shipped", (), (0, 1, 2, 3), q) for q in (VIDEO, AUDIO)}
+# a protocol the quickstart shipped before, whose figure is stated beside today's: (its seeds, what it was)
+PREVIOUS_PROTOCOL = {
+    "audio": (
+        Variant("lenient_judge", ("rewards.0.options.tonal_share=0.2",), (0, 1, 2, 3), AUDIO),
+        "the lenient tone test shipped until 2026-12-07 (`tonal_share` 0.2), which RL passed with "
+        "noise-smeared events",
+    )
+}
 PER_PROMPT = "per_prompt.json"
 BASE_PER_PROMPT = RESULTS / "base_per_prompt.json"
 
@@ -316,10 +328,10 @@ def _summary(rows: list[dict[str, Any]]) -> str:
 
 def base_model_line(quickstart: Quickstart) -> str:
     """A video or audio quickstart's shipped base model, per criterion, from the ``pretrain_report.json``
-    committed beside its weights (``vgrpo_adapters.<world>/weights``); empty for the image quickstart."""
+    committed beside its weights (``Quickstart.weights``); empty when none ships."""
     world = quickstart.metric.split("/")[1]
-    report_file = ROOT / "adapters" / world / "weights" / "pretrain_report.json"
-    if quickstart is IMAGE or not report_file.exists():
+    report_file = quickstart.weights / "pretrain_report.json" if quickstart.weights else None
+    if report_file is None or not report_file.exists():
         return ""
     report = json.loads(report_file.read_text())
 
@@ -333,6 +345,24 @@ def base_model_line(quickstart: Quickstart) -> str:
         f"{report['seconds'] / 60:.0f} min of wall clock; {len(report['eval_seeds'])} samples per prompt): "
         f"held-out {scores('heldout')}; train {scores('train')}.\n\n"
     )
+
+
+def previous_protocol_line(quickstart: Quickstart) -> str:
+    """The figure under the protocol this quickstart shipped before (``PREVIOUS_PROTOCOL``), from its
+    committed records; empty when there is none."""
+    if quickstart.name not in PREVIOUS_PROTOCOL:
+        return ""
+    variant, what = PREVIOUS_PROTOCOL[quickstart.name]
+    rows = seed_rows(variant)
+    unseen = [r for r in rows if r["seed"] not in quickstart.tuning]
+    tuned = [r for r in rows if r["seed"] in quickstart.tuning]
+    if not unseen:
+        return ""
+    where = cell_dir(variant.name, 0, quickstart).parent
+    shown = where.relative_to(ROOT).as_posix() if where.is_relative_to(ROOT) else where.as_posix()
+    text = f"Under {what}: unseen seeds {_summary(unseen)}"
+    text += "".join(f", tuning seed {r['seed']} {r['last']:+.1f}" for r in tuned)
+    return text + f" (from {rows[0]['base']:.1f}% at iteration 0; records in `{shown}`)."
 
 
 def table(variant: Variant) -> str:
@@ -356,6 +386,8 @@ def table(variant: Variant) -> str:
     text += f"all seeds {_summary(rows)}; tuning seeds {_summary(tuning)}; unseen seeds {_summary(unseen)}."
     if missing:
         text += f" Not run yet: seeds {', '.join(map(str, missing))}."
+    if variant.name == "shipped" and (previous := previous_protocol_line(variant.quickstart)):
+        text += "\n\n" + previous
     return text + "\n"
 
 
@@ -393,6 +425,10 @@ def media_sentence(variant: Variant) -> str:
         text += f"; the longest run took {longest['wall_s'] / 60:.0f} min"
         if longest.get("threads") == 1:
             text += " on one thread, beside another run on the other core"
+    if q.name in PREVIOUS_PROTOCOL and (before := seed_rows(PREVIOUS_PROTOCOL[q.name][0])):
+        old = [r["last"] for r in before if r["seed"] not in q.tuning]
+        if old:
+            text += f"; under {PREVIOUS_PROTOCOL[q.name][1]}, {mean(old):+.1f} over the same unseen seeds"
     missing = [s for s in variant.seeds if s not in {r["seed"] for r in rows}]
     named = f"seed{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}"
     pending = f"; {named} not run yet" if missing else ""
@@ -480,36 +516,42 @@ def write_doc(text: str, path: Path = DOCS["image"], quickstart: Quickstart = IM
 
 
 def pick_variant(quickstart: str, variant: str) -> Variant:
-    """The image quickstart's named variant, or a video / audio quickstart's own seeds."""
+    """The image quickstart's named variant, or a video / audio quickstart's own seeds (the shipped
+    recipe's, or its previous protocol's)."""
     if quickstart == "image":
         return VARIANTS[variant]
+    if quickstart in PREVIOUS_PROTOCOL and variant == PREVIOUS_PROTOCOL[quickstart][0].name:
+        return PREVIOUS_PROTOCOL[quickstart][0]
     if variant != "shipped":
         raise SystemExit(f"the {quickstart} quickstart has only the shipped recipe's seeds, not {variant!r}")
     return MEDIA_VARIANTS[quickstart]
+
+
+VARIANT_NAMES = sorted({*VARIANTS, *(variant.name for variant, _ in PREVIOUS_PROTOCOL.values())})
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run every missing seed (resumable)")
-    run.add_argument("--variant", default="shipped", choices=sorted(VARIANTS))
+    run.add_argument("--variant", default="shipped", choices=VARIANT_NAMES)
     run.add_argument("--seeds", type=int, nargs="*", default=None)
     run.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for the runs")
     imp = sub.add_parser("import", help="compact a finished run made by hand into a seed's cell")
     imp.add_argument("run_dir", type=Path)
     imp.add_argument("--seed", type=int, required=True)
-    imp.add_argument("--variant", default="shipped", choices=sorted(VARIANTS))
+    imp.add_argument("--variant", default="shipped", choices=VARIANT_NAMES)
     ann = sub.add_parser("annotate", help="add the eval monitors and per-prompt record to a finished cell")
     ann.add_argument("run_dir", type=Path)
     ann.add_argument("--seed", type=int, required=True)
-    ann.add_argument("--variant", default="shipped", choices=sorted(VARIANTS))
+    ann.add_argument("--variant", default="shipped", choices=VARIANT_NAMES)
     ann.add_argument("--threads", type=int, default=None)
     base = sub.add_parser("base", help="the base model's per-prompt record (the comparison's reference)")
     base.add_argument("--threads", type=int, default=None)
     tab = sub.add_parser("table", help="print the table from the committed records")
-    tab.add_argument("--variant", default="shipped", choices=sorted(VARIANTS))
+    tab.add_argument("--variant", default="shipped", choices=VARIANT_NAMES)
     tab.add_argument("--write-doc", action="store_true", help="write it into docs/quickstart.md")
-    for command in (run, imp, tab):
+    for command in (run, imp, ann, tab):
         command.add_argument("--quickstart", default="image", choices=sorted(QUICKSTARTS))
     args = parser.parse_args(argv)
     variant = pick_variant(getattr(args, "quickstart", "image"), getattr(args, "variant", "shipped"))

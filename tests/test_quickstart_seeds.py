@@ -69,18 +69,26 @@ def test_every_committed_audio_cell_ran_the_frozen_recipe_and_the_table_names_th
     assert f"{report['steps']} pretraining steps" in line and qs.base_model_line(qs.IMAGE) == ""
 
 
+def _media_cells(quickstart, variant: str, ends: dict[int, float], base: float = 0.1) -> None:
+    """Committed cells of a media quickstart: held-out correct ``base`` at iteration 0, ``ends[seed]`` at 100;
+    seed s took 600 + 60 s seconds on one thread."""
+    for seed, end in ends.items():
+        rows = [
+            {"kind": "eval", "iteration": 100 * i, quickstart.metric: v} for i, v in enumerate((base, end))
+        ]
+        out = qs.cell_dir(variant, seed, quickstart)
+        out.mkdir(parents=True)
+        (out / qs.records.RECORDS).write_text(json.dumps(qs.records.compact(rows)))
+        (out / "cell.json").write_text(json.dumps({"seed": seed, "wall_s": 600.0 + 60 * seed, "threads": 1}))
+
+
 def test_a_media_quickstart_reports_its_unseen_seeds_with_the_tuning_seed_apart(tmp_path, monkeypatch):
     """The video quickstart's cells live beside the image one's; its figure is seeds 1-3 (MEDIA_SEED_RULE)."""
     monkeypatch.setattr(qs, "RESULTS", tmp_path / "quickstart")
     variant = qs.MEDIA_VARIANTS["video"]
     root = qs.results_of(qs.VIDEO)
     assert root == tmp_path / "quickstart_video" and qs.cell_dir("shipped", 2, qs.VIDEO).parent.parent == root
-    for seed, end in ((0, 0.70), (1, 0.55), (2, 0.60)):
-        rows = [{"kind": "eval", "iteration": 100 * i, qs.VIDEO.metric: v} for i, v in enumerate((0.4, end))]
-        out = qs.cell_dir("shipped", seed, qs.VIDEO)
-        out.mkdir(parents=True)
-        (out / qs.records.RECORDS).write_text(json.dumps(qs.records.compact(rows)))
-        (out / "cell.json").write_text(json.dumps({"seed": seed, "wall_s": 600.0 + 60 * seed, "threads": 1}))
+    _media_cells(qs.VIDEO, "shipped", {0: 0.70, 1: 0.55, 2: 0.60}, base=0.4)
     text = qs.table(variant)
     assert "| 0 | tuning | +30.0 |" in text and "| 1 | unseen | +15.0 |" in text
     assert "unseen seeds +17.5 [+15.0, +20.0] over 2" in text and "Not run yet: seeds 3." in text
@@ -94,6 +102,25 @@ def test_a_media_quickstart_reports_its_unseen_seeds_with_the_tuning_seed_apart(
     assert "--quickstart video" in begin and begin != qs.BEGIN and readme_begin != qs.README_BEGIN
     with pytest.raises(SystemExit, match="only the shipped recipe's seeds"):
         qs.pick_variant("audio", "diversity_0.1")
+
+
+def test_the_audio_figure_states_the_previous_judges_figure_beside_it(tmp_path, monkeypatch):
+    """A protocol change that moves a figure is stated beside the old one: the lenient judge's seeds."""
+    monkeypatch.setattr(qs, "RESULTS", tmp_path / "quickstart")
+    lenient, what = qs.PREVIOUS_PROTOCOL["audio"]
+    assert qs.pick_variant("audio", "lenient_judge") is lenient and "tonal_share" in lenient.overrides[0]
+    shipped = qs.MEDIA_VARIANTS["audio"]
+    assert qs.previous_protocol_line(qs.AUDIO) == ""  # no old records: nothing to state
+    _media_cells(qs.AUDIO, "shipped", {0: 0.35, 1: 0.30, 2: 0.25, 3: 0.35})
+    _media_cells(qs.AUDIO, "lenient_judge", {0: 0.50, 1: 0.40, 2: 0.45, 3: 0.35})
+    text = qs.table(shipped)
+    old_figure = f"Under {what}: unseen seeds +30.0 [+25.0, +35.0] over 3, tuning seed 0 +40.0 (from 10.0%"
+    assert old_figure in text and text.endswith(f"{tmp_path}/quickstart_audio/lenient_judge`).\n")
+    assert "unseen seeds +20.0 [+15.0, +25.0] over 3." in text and "unseen seeds +30.0 [+25.0, +35.0]" in text
+    sentence = qs.media_sentence(shipped)
+    assert "**+20.0 points on average over 3 unseen run seeds" in sentence
+    assert sentence.endswith(f"; under {what}, +30.0 over the same unseen seeds (committed records).")
+    assert "Under" not in qs.table(lenient)  # the old table does not state itself
 
 
 def test_the_media_seed_rule_in_the_docs_is_the_scripts():

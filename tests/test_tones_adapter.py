@@ -22,7 +22,7 @@ from vgrpo_adapters.tones import WEIGHTS_DIR, Config
 from vgrpo_adapters.tones.build import ModelSize, build_tones_model
 from vgrpo_adapters.tones.codec import BINS, FRAMES, N_SAMPLES, SAMPLE_RATE, SpectrogramCodec
 from vgrpo_adapters.tones.impl import TonesAdapter, model_folder
-from vgrpo_adapters.tones.pretrain import TONES_CONFIG, pretrain, synth_batch, world_words
+from vgrpo_adapters.tones.pretrain import TONES_CONFIG, pretrain, rescore, synth_batch, world_words
 from vgrpo_rewards import tones as tones_rewards
 from vgrpo_rewards.tones import world as w
 from vgrpo_rewards.tones.detect import score_clip
@@ -201,6 +201,27 @@ def test_pretraining_smoke_writes_a_loadable_folder_and_a_report(tmp_path: Path)
     )
 
 
+def test_rescoring_reevaluates_under_the_current_judge_and_keeps_the_old_figures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A judge whose defaults change moves the report's figures with no training: ``rescore`` writes the
+    new ones and keeps the replaced ones beside them."""
+    import vgrpo_adapters.tones.pretrain as pretraining
+
+    config = dataclasses.replace(TONES_CONFIG, steps=2, batch_size=2, warmup_steps=1)
+    first = pretrain(tmp_path / "m", config, TINY, eval_seeds=(0,), log=lambda s: None)
+    again = rescore(tmp_path / "m", log=lambda s: None)  # same judge, same model: same figures
+    assert again["eval"] == first["eval"] and again["rescored"][0]["before"]["eval"] == first["eval"]
+    judge = pretraining.TonesRewardConfig
+    monkeypatch.setattr(pretraining, "TonesRewardConfig", lambda: judge(floor_db=1000.0))  # hears nothing
+    rescore(tmp_path / "m", log=lambda s: None)
+    written = json.loads((tmp_path / "m" / "pretrain_report.json").read_text())
+    assert written["eval"]["heldout"]["count"] == 0 and written["eval_seeds"] == [0]
+    assert [r["before"]["eval"] for r in written["rescored"]] == [first["eval"], first["eval"]]
+    with pytest.raises(RecipeError, match="has no pretrain_report.json"):
+        rescore(tmp_path / "nothing", log=lambda s: None)
+
+
 def test_a_capped_run_resumes_to_the_uninterrupted_runs_weights(tmp_path: Path) -> None:
     config = dataclasses.replace(TONES_CONFIG, steps=3, batch_size=2, warmup_steps=1)
     pretrain(tmp_path / "a", config, TINY, eval_seeds=(), log=lambda s: None)
@@ -248,3 +269,5 @@ def test_cli_pretrain_tones_and_plugins_list_both_plugins(tmp_path: Path) -> Non
     report = json.loads((tmp_path / "m" / "pretrain_report.json").read_text())
     assert report["steps"] == 2 and report["config"]["steps"] == 2
     assert TonesAdapter.load(tmp_path / "m").denoiser.config.dit_dim == ModelSize().dit_dim
+    nothing = runner.invoke(app, ["pretrain-tones", "--out", str(tmp_path / "none"), "--rescore"])
+    assert isinstance(nothing.exception, RecipeError) and not (tmp_path / "none").exists()

@@ -72,6 +72,12 @@ def register_commands(app: Any) -> None:  # app: the root typer.Typer
         eval_seeds: int = typer.Option(
             2, "--eval-seeds", min=0, help="Samples per prompt of the final evaluation (0 = skip it)."
         ),
+        rescore: bool = typer.Option(
+            False,
+            "--rescore",
+            help="Train nothing: evaluate the model in OUT again under the judge's current defaults and "
+            "rewrite its report (the old figures are kept beside the new).",
+        ),
     ) -> None:
         """Pretrain a tones-world model from scratch (flow matching), resumably, and report its accuracy.
 
@@ -81,9 +87,12 @@ def register_commands(app: Any) -> None:  # app: the root typer.Typer
         """
         import dataclasses
 
-        from .pretrain import TONES_CONFIG, pretrain
+        from . import pretrain as pretraining
 
-        config = dataclasses.replace(TONES_CONFIG, seed=seed, max_minutes=minutes)
+        if rescore:
+            pretraining.rescore(out, log=typer.echo)
+            return
+        config = dataclasses.replace(pretraining.TONES_CONFIG, seed=seed, max_minutes=minutes)
         if steps is not None:
             config = dataclasses.replace(config, steps=steps)
-        pretrain(out, config, eval_seeds=tuple(range(eval_seeds)), log=typer.echo)
+        pretraining.pretrain(out, config, eval_seeds=tuple(range(eval_seeds)), log=typer.echo)

@@ -26,6 +26,7 @@ from vgrpo_adapters._flow_pretrain import (
     EVAL_SAMPLER,
     PretrainConfig,
     draw_uniformly,
+    rescore_report,
     resume_state_file,
     split_scores,
     train_flow_model,
@@ -149,6 +150,18 @@ def pretrain(
         load=lambda folder: TonesAdapter.load(folder, shift=config.shift),
         evaluate_splits=evaluate_splits,
         eval_seeds=eval_seeds,
+        solved=SOLVED,
+        log=log,
+    )
+
+
+def rescore(out: str | Path, log: Callable[[str], None] = print) -> dict:
+    """Evaluate the tones model in ``out`` again under the reward's current judge (``rescore_report``)."""
+    return rescore_report(
+        Path(out),
+        load=lambda folder: TonesAdapter.load(folder, shift=TONES_CONFIG.shift),
+        evaluate_splits=evaluate_splits,
+        why="re-evaluated under the tones judge's current defaults",
         solved=SOLVED,
         log=log,
     )
