@@ -425,6 +425,9 @@ def media_sentence(variant: Variant) -> str:
         text += f"; the longest run took {longest['wall_s'] / 60:.0f} min"
         if longest.get("threads") == 1:
             text += " on one thread, beside another run on the other core"
+        for cell in timed:
+            if cell is not longest and cell.get("threads") is None:  # every core the machine has
+                text += f"; seed {cell['seed']} took {cell['wall_s'] / 60:.0f} min on both cores"
     if q.name in PREVIOUS_PROTOCOL and (before := seed_rows(PREVIOUS_PROTOCOL[q.name][0])):
         old = [r["last"] for r in before if r["seed"] not in q.tuning]
         if old:
