@@ -184,7 +184,11 @@ def _commit() -> str:
     return out.stdout.strip()
 
 
-def run_seed(variant: Variant, seed: int, threads: int | None) -> None:
+SHARED = "side by side with other work: not a timing"
+ALONE = "alone on the machine, every thread its own"
+
+
+def run_seed(variant: Variant, seed: int, threads: int | None, alone: bool = False) -> None:
     """One seed's run (resumed if its scratch folder holds a checkpoint), then its compact record."""
     quickstart = variant.quickstart
     out = cell_dir(variant.name, seed, quickstart)
@@ -209,7 +213,7 @@ def run_seed(variant: Variant, seed: int, threads: int | None) -> None:
     start = time.monotonic()
     subprocess.run(cmd, cwd=ROOT, env=env, check=True)
     wall = time.monotonic() - start
-    save_cell(variant, seed, run_dir, wall_s=wall, threads=threads)
+    save_cell(variant, seed, run_dir, wall_s=wall, threads=threads, wall_note=ALONE if alone else SHARED)
     save_per_prompt(variant, run_dir, out / PER_PROMPT, threads)
 
 
@@ -257,7 +261,13 @@ def compact_per_prompt(report: dict[str, Any], metric: str = METRIC) -> dict[str
 
 
 def save_cell(
-    variant: Variant, seed: int, run_dir: Path, *, wall_s: float | None, threads: int | None
+    variant: Variant,
+    seed: int,
+    run_dir: Path,
+    *,
+    wall_s: float | None,
+    threads: int | None,
+    wall_note: str = SHARED,
 ) -> None:
     """Compact ``run_dir``'s metrics into the committed cell (also a run made by hand, e.g. the README's)."""
     out = cell_dir(variant.name, seed, variant.quickstart)
@@ -271,7 +281,7 @@ def save_cell(
         "commit": _commit(),
         "threads": threads,
         "wall_s": None if wall_s is None else round(wall_s, 1),
-        "wall_note": "side by side with other work: not a timing",
+        "wall_note": wall_note,
     }
     (out / "cell.json").write_text(json.dumps(cell, indent=1) + "\n")
 
@@ -540,6 +550,9 @@ def main(argv: list[str] | None = None) -> None:
     run.add_argument("--variant", default="shipped", choices=VARIANT_NAMES)
     run.add_argument("--seeds", type=int, nargs="*", default=None)
     run.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for the runs")
+    run.add_argument(
+        "--alone", action="store_true", help="say in each cell that nothing else ran meanwhile (a timing)"
+    )
     imp = sub.add_parser("import", help="compact a finished run made by hand into a seed's cell")
     imp.add_argument("run_dir", type=Path)
     imp.add_argument("--seed", type=int, required=True)
@@ -560,7 +573,7 @@ def main(argv: list[str] | None = None) -> None:
     variant = pick_variant(getattr(args, "quickstart", "image"), getattr(args, "variant", "shipped"))
     if args.command == "run":
         for seed in args.seeds if args.seeds is not None else variant.seeds:
-            run_seed(variant, seed, args.threads)
+            run_seed(variant, seed, args.threads, args.alone)
     elif args.command == "import":
         save_cell(variant, args.seed, args.run_dir, wall_s=None, threads=None)
     elif args.command == "annotate":
