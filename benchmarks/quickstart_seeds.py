@@ -437,7 +437,8 @@ def media_sentence(variant: Variant) -> str:
             text += " on one thread, beside another run on the other core"
         for cell in timed:
             if cell is not longest and cell.get("threads") is None:  # every core the machine has
-                text += f"; seed {cell['seed']} took {cell['wall_s'] / 60:.0f} min on both cores"
+                how = "alone on both cores" if cell.get("wall_note") == ALONE else "on both cores, not alone"
+                text += f"; seed {cell['seed']}, run {how}, took {cell['wall_s'] / 60:.0f} min"
     if q.name in PREVIOUS_PROTOCOL and (before := seed_rows(PREVIOUS_PROTOCOL[q.name][0])):
         old = [r["last"] for r in before if r["seed"] not in q.tuning]
         if old:

@@ -114,17 +114,15 @@ def test_the_audio_figure_states_the_previous_judges_figure_beside_it(tmp_path, 
     _media_cells(qs.AUDIO, "shipped", {0: 0.35, 1: 0.30, 2: 0.25, 3: 0.35})
     _media_cells(qs.AUDIO, "lenient_judge", {0: 0.50, 1: 0.40, 2: 0.45, 3: 0.35})
     seed0 = qs.cell_dir("shipped", 0, qs.AUDIO) / "cell.json"  # seed 0 ran on every core: named apart
-    seed0.write_text(json.dumps({"seed": 0, "wall_s": 420.0, "threads": None}))
+    seed0.write_text(json.dumps({"seed": 0, "wall_s": 420.0, "threads": None, "wall_note": qs.ALONE}))
     text = qs.table(shipped)
     old_figure = f"Under {what}: unseen seeds +30.0 [+25.0, +35.0] over 3, tuning seed 0 +40.0 (from 10.0%"
     assert old_figure in text and text.endswith(f"{tmp_path}/quickstart_audio/lenient_judge`).\n")
     assert "unseen seeds +20.0 [+15.0, +25.0] over 3." in text and "unseen seeds +30.0 [+25.0, +35.0]" in text
     sentence = qs.media_sentence(shipped)
     assert "**+20.0 points on average over 3 unseen run seeds" in sentence
-    assert (
-        "the longest run took 13 min on one thread, beside another run on the other core; seed 0 took 7 min"
-        in (sentence)
-    )
+    timings = "took 13 min on one thread, beside another run on the other core; seed 0, run alone on both"
+    assert f"{timings} cores, took 7 min" in sentence
     assert sentence.endswith(f"; under {what}, +30.0 over the same unseen seeds (committed records).")
     assert "Under" not in qs.table(lenient)  # the old table does not state itself
 
