@@ -365,16 +365,31 @@ def write_pretrained(
         "size": asdict(size),
     }
     if eval_seeds:
-        report["eval"] = evaluate_splits(load(out), eval_seeds)
-        report["eval_seeds"] = list(eval_seeds)
-        for split, scores in report["eval"].items():
-            log(f"{split:8s} " + "  ".join(f"{k} {v:.3f}" for k, v in scores.items()))
-        if solved is not None:
-            report["heldout_solved"] = report["eval"]["heldout"]["correct"] >= solved
-            if report["heldout_solved"]:
-                log(f"the base model already solves the held-out prompts (correct >= {solved}): train less")
+        score_into(report, evaluate_splits(load(out), eval_seeds), eval_seeds, solved=solved, log=log)
     (out / REPORT_FILE).write_text(json.dumps(report, indent=2, sort_keys=True))
     return report
+
+
+def score_into(
+    report: dict[str, Any],
+    scores: dict[str, dict[str, float]],
+    seeds: Sequence[int],
+    *,
+    solved: float | None,
+    log: Callable[[str], None],
+) -> None:
+    """Put a model folder's per-split ``scores`` into ``report``, log them, and judge ``heldout_solved``.
+
+    Why one function: a written and a rescored report must say the same things by the same rule.
+    """
+    report["eval"] = scores
+    report["eval_seeds"] = list(seeds)
+    for split, per_criterion in scores.items():
+        log(f"{split:8s} " + "  ".join(f"{k} {v:.3f}" for k, v in per_criterion.items()))
+    if solved is not None:
+        report["heldout_solved"] = scores["heldout"]["correct"] >= solved
+        if report["heldout_solved"]:
+            log(f"the base model already solves the held-out prompts (correct >= {solved}): train less")
 
 
 def rescore_report(
@@ -397,13 +412,8 @@ def rescore_report(
     report = json.loads(path.read_text())
     seeds = report.get("eval_seeds") or [0, 1]
     before = {k: report[k] for k in ("eval", "heldout_solved") if k in report}
-    report["eval"] = evaluate_splits(load(out), seeds)
-    report["eval_seeds"] = list(seeds)
-    if solved is not None:
-        report["heldout_solved"] = report["eval"]["heldout"]["correct"] >= solved
+    score_into(report, evaluate_splits(load(out), seeds), seeds, solved=solved, log=log)
     report.setdefault("rescored", []).append({"why": why, "on": time.strftime("%Y-%m-%d"), "before": before})
-    for split, scores in report["eval"].items():
-        log(f"{split:8s} " + "  ".join(f"{k} {v:.3f}" for k, v in scores.items()))
     path.write_text(json.dumps(report, indent=2, sort_keys=True))
     return report
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 from vgrpo_adapters import tones as tones_entry
-from vgrpo_adapters._flow_pretrain import resume_state_file
+from vgrpo_adapters._flow_pretrain import resume_state_file, score_into
 from vgrpo_adapters._weights import ModelWeightsError
 from vgrpo_adapters.tones import WEIGHTS_DIR, Config
 from vgrpo_adapters.tones.build import ModelSize, build_tones_model
@@ -220,6 +220,23 @@ def test_rescoring_reevaluates_under_the_current_judge_and_keeps_the_old_figures
     assert [r["before"]["eval"] for r in written["rescored"]] == [first["eval"], first["eval"]]
     with pytest.raises(RecipeError, match="has no pretrain_report.json"):
         rescore(tmp_path / "nothing", log=lambda s: None)
+
+
+def test_written_and_rescored_reports_judge_solved_by_one_rule() -> None:
+    """``score_into`` is what both ``write_pretrained`` and ``rescore_report`` call: the held-out
+    ``correct`` at or above ``solved`` marks the base model as leaving RL nothing to teach, and says so."""
+    lines: list[str] = []
+    scores = {"train": {"correct": 0.9}, "heldout": {"correct": 0.5}}
+    report: dict = {}
+    score_into(report, scores, (3,), solved=0.5, log=lines.append)
+    assert report == {"eval": scores, "eval_seeds": [3], "heldout_solved": True}
+    assert lines[0].startswith("train    correct 0.900") and "train less" in lines[-1]
+    lines.clear()
+    score_into(report, scores, (3,), solved=0.51, log=lines.append)
+    assert report["heldout_solved"] is False and len(lines) == 2
+    unjudged: dict = {}
+    score_into(unjudged, scores, (0, 1), solved=None, log=lines.append)
+    assert "heldout_solved" not in unjudged and unjudged["eval_seeds"] == [0, 1]
 
 
 def test_a_capped_run_resumes_to_the_uninterrupted_runs_weights(tmp_path: Path) -> None:
