@@ -357,18 +357,37 @@ def base_model_line(quickstart: Quickstart) -> str:
     )
 
 
-def previous_protocol_line(quickstart: Quickstart) -> str:
-    """The figure under the protocol this quickstart shipped before (``PREVIOUS_PROTOCOL``), from its
-    committed records; empty when there is none."""
+@dataclass(frozen=True)
+class PreviousProtocol:
+    """A quickstart's committed records under the protocol it shipped before, split by seed role."""
+
+    variant: Variant
+    what: str
+    rows: list[dict[str, Any]]
+    unseen: list[dict[str, Any]]
+    tuned: list[dict[str, Any]]
+
+
+def previous_protocol(quickstart: Quickstart) -> PreviousProtocol | None:
+    """The records behind ``PREVIOUS_PROTOCOL`` for this quickstart; ``None`` without an unseen seed."""
     if quickstart.name not in PREVIOUS_PROTOCOL:
-        return ""
+        return None
     variant, what = PREVIOUS_PROTOCOL[quickstart.name]
     rows = seed_rows(variant)
     unseen = [r for r in rows if r["seed"] not in quickstart.tuning]
-    tuned = [r for r in rows if r["seed"] in quickstart.tuning]
     if not unseen:
+        return None
+    tuned = [r for r in rows if r["seed"] in quickstart.tuning]
+    return PreviousProtocol(variant, what, rows, unseen, tuned)
+
+
+def previous_protocol_line(quickstart: Quickstart) -> str:
+    """The figure under the protocol this quickstart shipped before (``PREVIOUS_PROTOCOL``), from its
+    committed records; empty when there is none."""
+    if (previous := previous_protocol(quickstart)) is None:
         return ""
-    where = cell_dir(variant.name, 0, quickstart).parent
+    what, rows, unseen, tuned = previous.what, previous.rows, previous.unseen, previous.tuned
+    where = cell_dir(previous.variant.name, 0, quickstart).parent
     shown = where.relative_to(ROOT).as_posix() if where.is_relative_to(ROOT) else where.as_posix()
     text = f"Under {what}: unseen seeds {_summary(unseen)}"
     text += "".join(f", tuning seed {r['seed']} {r['last']:+.1f}" for r in tuned)
@@ -439,10 +458,9 @@ def media_sentence(variant: Variant) -> str:
             if cell is not longest and cell.get("threads") is None:  # every core the machine has
                 how = "alone on both cores" if cell.get("wall_note") == ALONE else "on both cores, not alone"
                 text += f"; seed {cell['seed']}, run {how}, took {cell['wall_s'] / 60:.0f} min"
-    if q.name in PREVIOUS_PROTOCOL and (before := seed_rows(PREVIOUS_PROTOCOL[q.name][0])):
-        old = [r["last"] for r in before if r["seed"] not in q.tuning]
-        if old:
-            text += f"; under {PREVIOUS_PROTOCOL[q.name][1]}, {mean(old):+.1f} over the same unseen seeds"
+    if (previous := previous_protocol(q)) is not None:
+        old = mean(r["last"] for r in previous.unseen)
+        text += f"; under {previous.what}, {old:+.1f} over the same unseen seeds"
     missing = [s for s in variant.seeds if s not in {r["seed"] for r in rows}]
     named = f"seed{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}"
     pending = f"; {named} not run yet" if missing else ""
