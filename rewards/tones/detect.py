@@ -37,9 +37,9 @@ class DetectorParams:
     min_event_s: float = 0.008  # shorter runs are noise
     click_max_s: float = 0.06  # shorter events are clicks (beeps and sweeps last 0.12 s or more)
     sweep_octaves: float = 0.8  # a pitch change from the first to the last quarter that makes a sweep
-    # median share of a frame's power in its peak bin +-1 that makes a tone. The world's synthesised tones
-    # hold about 0.98 (every prompt's clip is judged right up to 0.9); 0.2 (before 2026-12-07) let RL
-    # pass off noise-smeared events as tones, so the verdicts rose more than the sounds did.
+    # median share of a frame's power in its peak bin +-1 that makes a tone. Every prompt's synthesised
+    # clip is judged right at 0.9 too (a test checks that margin); 0.2 (before 2026-12-07) let RL pass
+    # off noise-smeared events as tones, so the verdicts rose more than the sounds did.
     tonal_share: float = 0.85
     max_tone_s: float = 0.4  # longer events are no atom (the world's tones last 0.24 s at most)
     max_events: int = 6  # the loudest events matched to the prompt's
