@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from functools import partial
 from pathlib import Path
@@ -187,6 +188,9 @@ def test_a_capped_run_resumes_to_the_uninterrupted_runs_weights(tmp_path: Path) 
     longer = PretrainConfig(**{**capped.__dict__, "steps": 4})
     with pytest.raises(RecipeError, match="saved with other config"):  # another schedule: refused
         pretrain_moving_shapes(out, longer, TINY, eval_seeds=(), log=quiet)
+    other_length = dataclasses.replace(TINY, num_frames=TINY.num_frames * 2)  # same weights' shapes
+    with pytest.raises(RecipeError, match="saved with other size"):
+        pretrain_moving_shapes(out, capped, other_length, eval_seeds=(), log=quiet)
     pretrain_moving_shapes(out, capped, TINY, eval_seeds=(), log=quiet)
     last = pretrain_moving_shapes(out, capped, TINY, eval_seeds=(), log=quiet)
     assert last["steps"] == 3 and last["finished"] and not resume_state_file(out).parent.exists()

@@ -31,7 +31,7 @@ class Config(PickleWeightsOption):
     resolution: int = Field(
         32, ge=4, multiple_of=4, description="Frame side in pixels (the world's default size)."
     )
-    num_frames: int = Field(8, ge=2, description="Frames per clip (the world's default length).")
+    num_frames: int = Field(4, ge=2, description="Frames per clip (the world's default length).")
     fps: float = Field(8.0, gt=0, description="Frame rate written into the clips' files and grids.")
     shift: float = Field(
         3.0,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -43,8 +44,10 @@ from .impl import MovingShapesAdapter
 SOLVED = 0.9
 """Held-out ``correct`` at or above which the report says the base model already solves the held-out
 compositions (then RL has little to teach: stop earlier)."""
-PROPOSED = PretrainConfig(steps=6000, batch_size=16, lr=2e-3, warmup_steps=200)
-"""The settings proposed for the first real run (``vgrpo pretrain-moving-shapes`` defaults)."""
+PROPOSED = PretrainConfig()
+"""``vgrpo pretrain-moving-shapes`` defaults, the shipped model's: the image world's schedule (14000 steps of
+32 clips, lr 2e-3 cosine). 6000 steps of 16 clips (at 4 or 8 frames) left shape and motion at chance:
+the video model needs as many clips as the image model saw images."""
 CHECKPOINT_EVERY = 250  # steps between resume states: a killed run loses at most this much
 
 
@@ -115,6 +118,7 @@ def pretrain_moving_shapes(
         log=log,
         state_file=resume_state_file(out),
         checkpoint_every=CHECKPOINT_EVERY,
+        run_facts={"size": asdict(size)},  # a resume with another size (even frames) is refused
     )
     if not result.finished(config):
         log(f"stopped at step {result.step}/{config.steps}: run the same command again to continue")

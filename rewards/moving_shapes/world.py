@@ -41,7 +41,7 @@ MOTIONS: dict[str, str] = {  # motion id -> the words in a prompt
 VELOCITY: dict[str, tuple[int, int]] = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}
 """Unit direction ``(dx, dy)`` of each motion in image coordinates (y down)."""
 DEFAULT_SIZE = 32
-DEFAULT_FRAMES = 8
+DEFAULT_FRAMES = 4
 SIZE_RANGE = (0.25, 0.3)  # object side as a fraction of the frame side (8-10 px at 32 px)
 TRAVEL_RANGE = (0.2, 0.28)  # distance covered over the clip, as a fraction of the side (6.4-9 px at 32 px)
 
