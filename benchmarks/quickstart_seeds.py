@@ -34,6 +34,7 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
+from vgrpo_adapters.moving_shapes import WEIGHTS_DIR as MOVING_SHAPES_WEIGHTS
 from vgrpo_adapters.tones import WEIGHTS_DIR as TONES_WEIGHTS
 
 from benchmarks import records
@@ -81,6 +82,7 @@ VIDEO = Quickstart(
     frozenset({0}),
     MEDIA_SEED_RULE,
     "colour, shape, count and direction of motion all right",
+    MOVING_SHAPES_WEIGHTS,
 )
 AUDIO = Quickstart(
     "audio",

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from vgrpo_adapters._diffusers_export import LORA_FILE
 from vgrpo_adapters._flow_pretrain import PretrainConfig, flow_matching_loss, resume_state_file
 from vgrpo_adapters._weights import ModelWeightsError
+from vgrpo_adapters.moving_shapes import WEIGHTS_DIR
 from vgrpo_adapters.moving_shapes.build import build_moving_shapes_model, world_words
 from vgrpo_adapters.moving_shapes.impl import MovingShapesAdapter
 from vgrpo_adapters.moving_shapes.pretrain import (
@@ -148,10 +149,22 @@ def test_full_export_is_a_model_folder_the_adapter_loads(folder: Path, tmp_path:
     assert note["kind"] == "full" and "MovingShapesAdapter.load" in note["load"]
 
 
-def test_missing_model_path_or_parts_are_one_line_errors(tmp_path: Path) -> None:
+def test_the_shipped_model_is_the_default_small_finished_and_not_solving_the_heldout_clips() -> None:
+    files = [p for p in WEIGHTS_DIR.rglob("*") if p.is_file()]
+    assert {p.parent.name for p in files} >= {"transformer", "text_encoder", "tokenizer"}
+    assert not any(p.suffix in (".bin", ".pt") for p in files)
+    assert sum(p.stat().st_size for p in files) < 10 * 2**20
+    report = json.loads((WEIGHTS_DIR / REPORT_FILE).read_text())
+    assert report["finished"] and report["heldout_solved"] is False  # RL has something to teach
+    assert report["eval"]["train"]["correct"] > report["eval"]["heldout"]["correct"]  # learned train more
+    adapter = default_registry().build("adapter", "moving_shapes", {}, BuildContext(device="cpu"))
+    direct = MovingShapesAdapter.load(WEIGHTS_DIR)
+    for a, b in zip(adapter.denoiser.parameters(), direct.denoiser.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_folder_missing_parts_is_a_one_line_error(tmp_path: Path) -> None:
     context = BuildContext(device="cpu", seed=0, run_dir=None, recipe_dir=tmp_path)
-    with pytest.raises(RecipeError, match="pretrain-moving-shapes --out DIR"):
-        default_registry().build("adapter", "moving_shapes", {}, context)
     (tmp_path / "half" / "transformer").mkdir(parents=True)
     with pytest.raises(ModelWeightsError, match=r"lacks text_encoder/, tokenizer/"):
         default_registry().build("adapter", "moving_shapes", {"model_path": "half"}, context)

@@ -3,8 +3,8 @@
 The video sibling of ``shapes``: a tiny text-to-video flow model (a ``WanTransformer3DModel`` in pixel
 space and a UMT5 text encoder, ``build.py``) pretrained on the procedural moving-shapes world
 (``vgrpo_rewards.moving_shapes.world``) by ``vgrpo pretrain-moving-shapes``, loaded with
-``from_pretrained`` from ``model_path``. No model ships yet, so ``model_path`` is required. No torch here:
-the heavy modules load in the factory and in the command's body.
+``from_pretrained`` from ``model_path`` or, by default, from the model shipped in ``weights/``. No torch
+here: the heavy modules load in the factory and in the command's body.
 """
 
 from __future__ import annotations
@@ -18,6 +18,10 @@ from vgrpo_adapters._weights import PickleWeightsOption
 from vgrpo_platform.hookspecs import hookimpl
 from vgrpo_platform.registry import Component
 
+WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
+"""The shipped model: ``transformer/``, ``text_encoder/``, ``tokenizer/`` and ``pretrain_report.json``
+(written by ``pretrain-moving-shapes`` with its defaults)."""
+
 
 class Config(PickleWeightsOption):
     """Options of ``[adapter.options]`` for ``name = "moving_shapes"``."""
@@ -26,7 +30,7 @@ class Config(PickleWeightsOption):
         None,
         description="Folder with transformer/, text_encoder/ and tokenizer/ written by "
         "`vgrpo pretrain-moving-shapes` (relative paths are resolved against the recipe's folder); "
-        "required: no moving-shapes model ships with the package yet.",
+        "null = the model shipped with the package.",
     )
     resolution: int = Field(
         32, ge=4, multiple_of=4, description="Frame side in pixels (the world's default size)."

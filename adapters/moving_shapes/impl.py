@@ -19,12 +19,11 @@ from vgrpo_adapters._diffusers_export import FolderModelExport
 from vgrpo_adapters._tiny_models import load_model_folder, padded_tokens, resolve_model_path
 from vgrpo_adapters.wan.impl import TIMESTEP_SCALE, WanAdapter
 
-from vgrpo_platform.errors import RecipeError
 from vgrpo_platform.network import CoreCalledAdapter
 from vgrpo_platform.noise_schedules import RectifiedFlowSchedule
 from vgrpo_platform.protocols import BuildContext, Conditioning, Samples
 
-from . import Config
+from . import WEIGHTS_DIR, Config
 
 
 class MovingShapesAdapter(CoreCalledAdapter, FolderModelExport):
@@ -144,14 +143,10 @@ class MovingShapesAdapter(CoreCalledAdapter, FolderModelExport):
 
 
 def load_moving_shapes_adapter(config: Config, context: BuildContext) -> MovingShapesAdapter:
-    """The factory's work: resolve ``model_path`` (relative to the recipe's folder) and load it."""
-    if config.model_path is None:
-        raise RecipeError(
-            "adapter.options.model_path is not set and no moving-shapes model ships yet: write one with "
-            "`vgrpo pretrain-moving-shapes --out DIR` and set model_path = 'DIR'"
-        )
+    """The factory's work: resolve ``model_path`` (relative to the recipe's folder; unset: the shipped
+    model) and load it."""
     return MovingShapesAdapter.load(
-        resolve_model_path(config.model_path, context),
+        resolve_model_path(config.model_path, context) or WEIGHTS_DIR,
         resolution=config.resolution,
         num_frames=config.num_frames,
         fps=config.fps,
