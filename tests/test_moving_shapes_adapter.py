@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 from vgrpo_adapters._diffusers_export import LORA_FILE
 from vgrpo_adapters._flow_pretrain import PretrainConfig, flow_matching_loss, resume_state_file
 from vgrpo_adapters._weights import ModelWeightsError
-from vgrpo_adapters.moving_shapes import WEIGHTS_DIR
-from vgrpo_adapters.moving_shapes.build import build_moving_shapes_model, world_words
+from vgrpo_adapters.moving_shapes import WEIGHTS_DIR, Config
+from vgrpo_adapters.moving_shapes.build import ModelSize, build_moving_shapes_model, world_words
 from vgrpo_adapters.moving_shapes.impl import MovingShapesAdapter
 from vgrpo_adapters.moving_shapes.pretrain import (
     REPORT_FILE,
@@ -27,7 +27,7 @@ from vgrpo_adapters.moving_shapes.pretrain import (
 from vgrpo_rewards.moving_shapes import Config as RewardConfig
 from vgrpo_rewards.moving_shapes.impl import MovingShapesReward
 from vgrpo_rewards.moving_shapes.track import CRITERIA
-from vgrpo_rewards.moving_shapes.world import all_prompts
+from vgrpo_rewards.moving_shapes.world import DEFAULT_FRAMES, DEFAULT_SIZE, all_prompts
 
 from vgrpo_platform.cli.app import add_plugin_commands, app
 from vgrpo_platform.errors import RecipeError
@@ -161,6 +161,17 @@ def test_the_shipped_model_is_the_default_small_finished_and_not_solving_the_hel
     direct = MovingShapesAdapter.load(WEIGHTS_DIR)
     for a, b in zip(adapter.denoiser.parameters(), direct.denoiser.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+def test_the_recipe_options_default_to_the_worlds_clip_and_the_shipped_models_size() -> None:
+    """One clip length and frame side: the recipe's, the model's and the renderer's defaults agree."""
+    report = json.loads((WEIGHTS_DIR / REPORT_FILE).read_text())
+    options = Config()
+    assert (options.num_frames, options.resolution) == (DEFAULT_FRAMES, DEFAULT_SIZE)
+    assert (ModelSize().num_frames, ModelSize().resolution) == (DEFAULT_FRAMES, DEFAULT_SIZE)
+    assert (report["size"]["num_frames"], report["size"]["resolution"]) == (DEFAULT_FRAMES, DEFAULT_SIZE)
+    adapter = MovingShapesAdapter.load(WEIGHTS_DIR)
+    assert (adapter.num_frames, adapter.side) == (DEFAULT_FRAMES, DEFAULT_SIZE)
 
 
 def test_a_folder_missing_parts_is_a_one_line_error(tmp_path: Path) -> None:

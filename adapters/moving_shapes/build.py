@@ -20,7 +20,7 @@ import torch
 from diffusers import WanTransformer3DModel
 from transformers import UMT5Config, UMT5EncoderModel
 from vgrpo_adapters.toy.build import byte_level_tokenizer
-from vgrpo_rewards.moving_shapes.world import COLORS, MOTIONS, SHAPES
+from vgrpo_rewards.moving_shapes.world import COLORS, DEFAULT_FRAMES, DEFAULT_SIZE, MOTIONS, SHAPES
 
 
 def world_words() -> list[str]:
@@ -34,8 +34,8 @@ def world_words() -> list[str]:
 class ModelSize:
     """Architecture of the moving-shapes model (the ``build_moving_shapes_model`` knobs)."""
 
-    resolution: int = 32
-    num_frames: int = 4  # the world's default; motion is the change over them
+    resolution: int = DEFAULT_SIZE
+    num_frames: int = DEFAULT_FRAMES  # motion is the change over them
     patch_size: tuple[int, int, int] = (1, 4, 4)  # (frames, height, width) per token: 256 tokens a clip
     num_layers: int = 4
     num_heads: int = 4

@@ -18,6 +18,7 @@ from transformers import CLIPTokenizer, UMT5EncoderModel
 from vgrpo_adapters._diffusers_export import FolderModelExport
 from vgrpo_adapters._tiny_models import load_model_folder, padded_tokens, resolve_model_path
 from vgrpo_adapters.wan.impl import TIMESTEP_SCALE, WanAdapter
+from vgrpo_rewards.moving_shapes.world import DEFAULT_FRAMES, DEFAULT_SIZE
 
 from vgrpo_platform.network import CoreCalledAdapter
 from vgrpo_platform.noise_schedules import RectifiedFlowSchedule
@@ -39,8 +40,8 @@ class MovingShapesAdapter(CoreCalledAdapter, FolderModelExport):
         text_encoder: UMT5EncoderModel,
         tokenizer: CLIPTokenizer,
         *,
-        resolution: int = 32,
-        num_frames: int = 4,
+        resolution: int = DEFAULT_SIZE,
+        num_frames: int = DEFAULT_FRAMES,
         fps: float = 8.0,
         shift: float = 1.0,
         model_folder: str | Path | None = None,
@@ -73,8 +74,8 @@ class MovingShapesAdapter(CoreCalledAdapter, FolderModelExport):
         cls,
         path: str | Path,
         *,
-        resolution: int = 32,
-        num_frames: int = 4,
+        resolution: int = DEFAULT_SIZE,
+        num_frames: int = DEFAULT_FRAMES,
         fps: float = 8.0,
         shift: float = 1.0,
         device: torch.device | str = "cpu",
