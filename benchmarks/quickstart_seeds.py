@@ -366,8 +366,16 @@ class PreviousProtocol:
     variant: Variant
     what: str
     rows: list[dict[str, Any]]
-    unseen: list[dict[str, Any]]
-    tuned: list[dict[str, Any]]
+
+    @property
+    def tuned(self) -> list[dict[str, Any]]:
+        """Rows of the seeds the quickstart was tuned on."""
+        return [r for r in self.rows if r["seed"] in self.variant.quickstart.tuning]
+
+    @property
+    def unseen(self) -> list[dict[str, Any]]:
+        """Rows of the seeds no tuning saw: the ones a figure is stated from."""
+        return [r for r in self.rows if r["seed"] not in self.variant.quickstart.tuning]
 
 
 def previous_protocol(quickstart: Quickstart) -> PreviousProtocol | None:
@@ -375,12 +383,8 @@ def previous_protocol(quickstart: Quickstart) -> PreviousProtocol | None:
     if quickstart.name not in PREVIOUS_PROTOCOL:
         return None
     variant, what = PREVIOUS_PROTOCOL[quickstart.name]
-    rows = seed_rows(variant)
-    unseen = [r for r in rows if r["seed"] not in quickstart.tuning]
-    if not unseen:
-        return None
-    tuned = [r for r in rows if r["seed"] in quickstart.tuning]
-    return PreviousProtocol(variant, what, rows, unseen, tuned)
+    previous = PreviousProtocol(variant, what, seed_rows(variant))
+    return previous if previous.unseen else None
 
 
 def previous_protocol_line(quickstart: Quickstart) -> str:
