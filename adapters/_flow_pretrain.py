@@ -128,6 +128,7 @@ def resume_state_file(out: Path) -> Path:
 def train_flow_model(
     adapter: PretrainableAdapter,
     config: PretrainConfig,
+    size: Any,
     draw_batch: DrawBatch,
     rng: np.random.Generator,
     gen: torch.Generator,
@@ -136,7 +137,6 @@ def train_flow_model(
     on_step: Callable[[int, torch.optim.swa_utils.AveragedModel], None] | None = None,
     state_file: Path | None = None,
     checkpoint_every: int = 0,
-    run_facts: Mapping[str, Any] | None = None,
 ) -> LoopResult:
     """Train ``adapter``'s denoiser and text encoder for ``config.steps`` steps (or until the cap).
 
@@ -145,10 +145,12 @@ def train_flow_model(
     evaluations). ``state_file``: where the state a resume needs is written (at the cap, every
     ``checkpoint_every`` steps) and, when it exists, read from first: the same call again goes on where a
     cap or a kill stopped it; removed once the schedule is done, with its folder if that is left empty
-    (the folder is the run's own: ``resume_state_file``). ``run_facts`` (JSON-able: the model's
-    size, say) are saved with the state; a resume whose facts or settings differ is refused in one line.
+    (the folder is the run's own: ``resume_state_file``). ``size`` (the world's model-size dataclass, as
+    ``write_pretrained`` takes it) is saved with the state beside the settings: a resume whose size or
+    settings differ (another clip length, say) is refused in one line.
     """
-    facts = {**(run_facts or {}), "config": {k: v for k, v in asdict(config).items() if k != "max_minutes"}}
+    settings = {k: v for k, v in asdict(config).items() if k != "max_minutes"}
+    facts = {"size": asdict(size), "config": settings}
     adapter.denoiser.train()
     adapter.text_encoder.requires_grad_(True).train()
     params = [*adapter.denoiser.parameters(), *adapter.text_encoder.parameters()]

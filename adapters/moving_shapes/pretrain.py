@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -112,13 +111,13 @@ def pretrain_moving_shapes(
     result = train_flow_model(
         adapter,
         config,
+        size,  # a resume with another size (even another clip length) is refused
         draw,
         rng,
         gen,
         log=log,
         state_file=resume_state_file(out),
         checkpoint_every=CHECKPOINT_EVERY,
-        run_facts={"size": asdict(size)},  # a resume with another size (even frames) is refused
     )
     if not result.finished(config):
         log(f"stopped at step {result.step}/{config.steps}: run the same command again to continue")

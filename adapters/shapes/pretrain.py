@@ -175,7 +175,7 @@ def pretrain(
                 if snapshot_dir is not None:
                     save_model(adapter, Path(snapshot_dir) / f"step_{step}")
 
-    result = train_flow_model(adapter, config, draw, rng, gen, log=log, on_step=on_step)
+    result = train_flow_model(adapter, config, size, draw, rng, gen, log=log, on_step=on_step)
     return write_pretrained(
         adapter,
         result,

@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -131,13 +130,13 @@ def pretrain(
     result = train_flow_model(
         adapter,
         config,
+        size,  # a resume with another size (even another clip length) is refused
         draw,
         rng,
         gen,
         log=log,
         state_file=resume_state_file(out),
         checkpoint_every=checkpoint_every,
-        run_facts={"size": asdict(size)},
     )
     if not result.finished(config):
         log(f"stopped at step {result.step}/{config.steps}: run the same command again to continue")
