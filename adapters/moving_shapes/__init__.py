@@ -20,7 +20,8 @@ from vgrpo_platform.registry import Component
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 """The shipped model: ``transformer/``, ``text_encoder/``, ``tokenizer/`` and ``pretrain_report.json``
-(written by ``pretrain-moving-shapes`` with its defaults)."""
+(``pretrain-moving-shapes`` with its defaults, seed 0: its first 5750 steps ran under an experiment script
+with the same loop and settings, whose resume state the command took up and ran to the end)."""
 
 
 class Config(PickleWeightsOption):

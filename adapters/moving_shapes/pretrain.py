@@ -45,8 +45,9 @@ SOLVED = 0.9
 compositions (then RL has little to teach: stop earlier)."""
 PROPOSED = PretrainConfig()
 """``vgrpo pretrain-moving-shapes`` defaults, the shipped model's: the image world's schedule (14000 steps of
-32 clips, lr 2e-3 cosine). 6000 steps of 16 clips (at 4 or 8 frames) left shape and motion at chance:
-the video model needs as many clips as the image model saw images."""
+32 clips, lr 2e-3 cosine). 6000 steps of 16 clips (at 4 or 8 frames) left shape and motion at chance; this
+schedule taught shape (as many clips as the image model saw images) but left the direction of motion near
+chance, which is what RL is left to teach."""
 CHECKPOINT_EVERY = 250  # steps between resume states: a killed run loses at most this much
 
 
