@@ -359,6 +359,15 @@ def base_model_line(quickstart: Quickstart) -> str:
     )
 
 
+def by_role(
+    rows: list[dict[str, Any]], quickstart: Quickstart
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``rows`` split into the seeds the quickstart was tuned on and the unseen ones (figures are stated
+    from these)."""
+    tuned = [r for r in rows if r["seed"] in quickstart.tuning]
+    return tuned, [r for r in rows if r["seed"] not in quickstart.tuning]
+
+
 @dataclass(frozen=True)
 class PreviousProtocol:
     """A quickstart's committed records under the protocol it shipped before, split by seed role."""
@@ -370,12 +379,12 @@ class PreviousProtocol:
     @property
     def tuned(self) -> list[dict[str, Any]]:
         """Rows of the seeds the quickstart was tuned on."""
-        return [r for r in self.rows if r["seed"] in self.variant.quickstart.tuning]
+        return by_role(self.rows, self.variant.quickstart)[0]
 
     @property
     def unseen(self) -> list[dict[str, Any]]:
         """Rows of the seeds no tuning saw: the ones a figure is stated from."""
-        return [r for r in self.rows if r["seed"] not in self.variant.quickstart.tuning]
+        return by_role(self.rows, self.variant.quickstart)[1]
 
 
 def previous_protocol(quickstart: Quickstart) -> PreviousProtocol | None:
@@ -412,8 +421,7 @@ def table(variant: Variant) -> str:
         role = "tuning" if r["seed"] in variant.quickstart.tuning else "unseen"
         cells = " | ".join(f"{r['gains'][i]:+.1f}" if i in r["gains"] else "" for i in iterations)
         lines.append(f"| {r['seed']} | {role} | {cells} | {r['last'] - r['best']:+.1f} |")
-    tuning = [r for r in rows if r["seed"] in variant.quickstart.tuning]
-    unseen = [r for r in rows if r["seed"] not in variant.quickstart.tuning]
+    tuning, unseen = by_role(rows, variant.quickstart)
     missing = [s for s in variant.seeds if s not in {r["seed"] for r in rows}]
     text = base_model_line(variant.quickstart) + "\n".join(lines) + "\n\n"
     text += f"Held-out `correct` at iteration 0: {rows[0]['base']:.1f}%. Gain at the last evaluation "
@@ -440,7 +448,7 @@ def media_sentence(variant: Variant) -> str:
     q = variant.quickstart
     rows = seed_rows(variant)
     command = f"`vgrpo run recipes/{q.recipe.name}`"
-    unseen = [r for r in rows if r["seed"] not in q.tuning]
+    tuned, unseen = by_role(rows, q)
     if not unseen:
         return f"{command}: no unseen seed has run yet."
     lasts = [r["last"] for r in unseen]
@@ -452,7 +460,6 @@ def media_sentence(variant: Variant) -> str:
         f"by **{mean(lasts):+.1f} points on average over {len(unseen)} unseen run seeds (range "
         f"{min(lasts):+.1f} to {max(lasts):+.1f})**"
     )
-    tuned = [r for r in rows if r["seed"] in q.tuning]
     if tuned:
         parts = [f"seed {r['seed']}, which tuned it: {r['last']:+.1f}" for r in tuned]
         text += "; " + ", ".join(parts)
