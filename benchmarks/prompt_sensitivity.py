@@ -4,9 +4,9 @@ Why: the shipped video model gets colour, shape and count right but the directio
 chance, so RL starts from a coin toss. This asks the model directly: the flow-matching loss of rendered
 clips under their own prompt, beside the same clips, noise and times under the prompt with one attribute
 swapped (colour, shape, direction) or with its motion phrase cut. A word the model uses raises the loss
-when swapped; a word it ignores leaves it unchanged to the fifth digit.
+when swapped; a word it ignores leaves it all but unchanged.
 
-    python -m benchmarks.prompt_sensitivity                       # the shipped model, 96 one-object clips
+    python -m benchmarks.prompt_sensitivity                       # the shipped model, its 48 one-object clips
     python -m benchmarks.prompt_sensitivity --model DIR --out F   # a folder pretrain-moving-shapes wrote
 
 The record (``--out``, default ``benchmarks/results/video/prompt_sensitivity.json``) holds the loss per
