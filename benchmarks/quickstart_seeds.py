@@ -52,6 +52,12 @@ their runs). The figure is the held-out `correct` gain at the last evaluation: m
 ten seeds, and apart over the tuning seeds (0-2) and the unseen ones (3-9)."""
 TUNING = frozenset({0, 1, 2})
 
+SECOND_CPU_RULE = """Written 2026-12-07, before any of these runs, after the README's first command on a
+second CPU (AMD EPYC, AVX2 kernels) followed another trajectory from iteration 50 on for seed 0:
+seeds 0-4 of the shipped recipe, run again unchanged on that CPU, all reported as they finish. The
+figure is the same as the ten seeds' (held-out `correct` gain at the last evaluation), stated beside
+it, not pooled with it: the ten seeds' CPU was not recorded then (cells record it since)."""
+
 MEDIA_SEED_RULE = """Written 2026-12-07, before the video and audio quickstarts' recipes existed. Seed 0 alone
 tunes each recipe (as many runs as that takes); the recipe is then frozen (every cell records its
 settings' SHA-256) and seeds 1, 2 and 3 run once each, all reported. The figure is the held-out `correct`
@@ -134,6 +140,8 @@ SCREEN = ("train.iterations=100",)
 FINAL_SEEDS = tuple(range(5))
 VARIANTS = {
     "shipped": Variant("shipped", (), tuple(range(10))),
+    # the same recipe and seeds on another CPU, whose kernels follow other trajectories (SECOND_CPU_RULE)
+    "second_cpu": Variant("second_cpu", (), tuple(range(5))),
     # the protocol shipped until the fourth round (RL on the world's train split, evaluation on all 189
     # held-out prompts x 4 seeds; docs/quickstart.md, recipe D): the README states its figure beside today's
     "previous_protocol": Variant(
@@ -282,10 +290,31 @@ def save_cell(
         "recipe_settings_sha256": recipe_digest(variant.quickstart.recipe),
         "commit": _commit(),
         "threads": threads,
+        "cpu": cpu_facts(),
         "wall_s": None if wall_s is None else round(wall_s, 1),
         "wall_note": wall_note,
     }
     (out / "cell.json").write_text(json.dumps(cell, indent=1) + "\n")
+
+
+def cpu_facts() -> dict[str, str]:
+    """The CPU a cell ran on: its model name and the kernels torch picked for it (AVX2, AVX512, ...).
+
+    Why: the same recipe and seed follow another trajectory where the float kernels differ, so a record
+    says which ones made it.
+    """
+    import torch  # the platform needs it anyway; kept out of the module's import for the table's sake
+
+    model = "unknown"
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        names = [
+            line.split(":", 1)[1].strip()
+            for line in cpuinfo.read_text().splitlines()
+            if line.startswith("model name")
+        ]
+        model = names[0] if names else model
+    return {"model": model, "kernels": torch.backends.cpu.get_cpu_capability()}
 
 
 def annotate(variant: Variant, seed: int, run_dir: Path, threads: int | None) -> None:
