@@ -438,6 +438,34 @@ def previous_protocol_line(quickstart: Quickstart) -> str:
     return text + f" (from {rows[0]['base']:.1f}% at iteration 0; records in `{shown}`)."
 
 
+def second_cpu_line() -> str:
+    """The image quickstart's seeds rerun on a second CPU (``SECOND_CPU_RULE``), beside the first CPU's
+    records of the same seeds; empty before any has finished."""
+    second = VARIANTS["second_cpu"]
+    rows = seed_rows(second)
+    if not rows:
+        return ""
+    cpu = _cell(second.name, rows[0]["seed"]).get("cpu") or {}
+    where = f"{cpu.get('model', 'unknown')}, {cpu.get('kernels', 'unknown')} kernels"
+    seeds = [r["seed"] for r in rows]
+    lasts = [r["last"] for r in rows]
+    first = {r["seed"]: r["last"] for r in seed_rows(VARIANTS["shipped"])}
+    text = (
+        f"On a second CPU ({where}) the same command followed other trajectories: "
+        f"{mean(lasts):+.1f} points on average over seed{'s' if len(seeds) > 1 else ''} "
+        f"{', '.join(map(str, seeds))} (range {min(lasts):+.1f} to {max(lasts):+.1f})"
+    )
+    if all(s in first for s in seeds):
+        text += f", where the first CPU's records of the same seeds give {mean(first[s] for s in seeds):+.1f}"
+    missing = [s for s in second.seeds if s not in seeds]
+    pending = (
+        f"; seed{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} not run yet"
+        if missing
+        else ""
+    )
+    return text + f" (committed records{pending})."
+
+
 def table(variant: Variant) -> str:
     """The markdown table and its summary lines, from the committed records only."""
     rows = seed_rows(variant)
@@ -460,6 +488,8 @@ def table(variant: Variant) -> str:
         text += f" Not run yet: seeds {', '.join(map(str, missing))}."
     if variant.name == "shipped" and (previous := previous_protocol_line(variant.quickstart)):
         text += "\n\n" + previous
+    if variant is VARIANTS["shipped"] and (second := second_cpu_line()):
+        text += "\n\n" + second
     return text + "\n"
 
 
@@ -552,7 +582,10 @@ def readme_sentence(variant: Variant, timed_seed: int = 0) -> str:
     missing = [s for s in variant.seeds if s not in seeds]
     named = f"seed{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}"
     pending = f"; {named} of the seed rule not run yet" if missing else ""
-    return text + f" (seeds {', '.join(map(str, seeds))}; committed records{pending})."
+    text += f" (seeds {', '.join(map(str, seeds))}; committed records{pending})."
+    if variant is VARIANTS["shipped"] and (second := second_cpu_line()):
+        text += " " + second
+    return text
 
 
 README_BEGIN = "<!-- quickstart-figure:begin (python -m benchmarks.quickstart_seeds table --write-doc) -->"

@@ -12,15 +12,17 @@ from benchmarks import quickstart_seeds as qs
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _cell(root: Path, seed: int, correct: list[float], wall_s: float = 600.0) -> None:
+def _cell(
+    root: Path, seed: int, correct: list[float], wall_s: float = 600.0, variant: str = "shipped", **facts
+) -> None:
     """A finished seed: evaluations at 0, 100, 200 and two timed train records."""
     rows = [{"kind": "eval", "iteration": 100 * i, qs.METRIC: v} for i, v in enumerate(correct)]
     rows += [{"kind": "train", "iteration": i, "time_rollout": 1.0, "time_train": 2.0 + i} for i in (1, 2)]
-    out = root / "shipped" / f"seed{seed}"
+    out = root / variant / f"seed{seed}"
     out.mkdir(parents=True)
     table = qs.records.compact(rows)
     (out / qs.records.RECORDS).write_text(json.dumps(table))
-    (out / "cell.json").write_text(json.dumps({"seed": seed, "wall_s": wall_s}))
+    (out / "cell.json").write_text(json.dumps({"seed": seed, "wall_s": wall_s, **facts}))
 
 
 def test_gains_are_points_over_iteration_zero_and_tuning_seeds_are_apart(tmp_path, monkeypatch):
@@ -38,6 +40,29 @@ def test_gains_are_points_over_iteration_zero_and_tuning_seeds_are_apart(tmp_pat
     assert "**+15.0 points on average over 2 run seeds (range +10.0 to +20.0)**" in sentence
     assert "+20.0 over the 1 seeds the recipe was tuned on, +10.0 over 1 it never saw" in sentence
     assert "seed 5 of the seed rule not run yet" in sentence
+
+
+def test_a_second_cpus_seeds_are_stated_beside_the_first_cpus_records_of_the_same_seeds(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(qs, "RESULTS", tmp_path)
+    shipped = qs.Variant("shipped", (), (0, 3))
+    second = qs.Variant("second_cpu", (), (0, 3, 4))
+    monkeypatch.setattr(qs, "VARIANTS", {"shipped": shipped, "second_cpu": second})
+    assert qs.second_cpu_line() == ""  # nothing run there yet: nothing said
+    _cell(tmp_path, 0, [0.40, 0.55, 0.60])
+    _cell(tmp_path, 3, [0.40, 0.62, 0.50])
+    cpu = {"model": "Some CPU", "kernels": "AVX2"}
+    _cell(tmp_path, 0, [0.40, 0.60, 0.50], variant="second_cpu", cpu=cpu)  # +10 where the first gave +20
+    line = qs.second_cpu_line()
+    assert line.startswith("On a second CPU (Some CPU, AVX2 kernels)")
+    assert "+10.0 points on average over seed 0 (range +10.0 to +10.0)" in line
+    assert "the first CPU's records of the same seeds give +20.0" in line and "seeds 3, 4 not run yet" in line
+    _cell(tmp_path, 3, [0.40, 0.45, 0.46], variant="second_cpu", cpu=cpu)  # +6 where the first gave +10
+    line = qs.second_cpu_line()
+    assert "+8.0 points on average over seeds 0, 3 (range +6.0 to +10.0)" in line and "give +15.0" in line
+    assert qs.readme_sentence(shipped).endswith(" " + line) and qs.table(shipped).endswith(line + "\n")
+    assert line not in qs.table(second)  # said once, under the shipped seeds
 
 
 def test_the_readme_figure_is_the_generated_one():
@@ -131,3 +156,9 @@ def test_the_media_seed_rule_in_the_docs_is_the_scripts():
     doc = (ROOT / "docs" / "video-audio.md").read_text()
     block = doc.split("<!-- media-seed-rule:begin -->")[1].split("<!-- media-seed-rule:end -->")[0]
     assert block.strip() == qs.MEDIA_SEED_RULE
+
+
+def test_the_second_cpu_rule_in_the_docs_is_the_scripts():
+    doc = (ROOT / "docs" / "quickstart.md").read_text()
+    block = doc.split("<!-- second-cpu-rule:begin -->")[1].split("<!-- second-cpu-rule:end -->")[0]
+    assert block.strip() == qs.SECOND_CPU_RULE
