@@ -237,7 +237,8 @@ def test_the_command_and_both_plugins_are_registered() -> None:
     runner = CliRunner()
     result = runner.invoke(app, ["pretrain-moving-shapes", "--help"])
     assert result.exit_code == 0, result.output
-    assert all(flag in result.output for flag in ("--out", "--steps", "--minutes", "--seed", "--eval-seeds"))
+    flags = ("--out", "--steps", "--minutes", "--seed", "--eval-seeds", "--frames-per-token")
+    assert all(flag in result.output for flag in flags)
     listed = runner.invoke(app, ["plugins"])
     assert listed.exit_code == 0, listed.output
     rows = [line for line in listed.output.splitlines() if "moving_shapes" in line]
@@ -266,3 +267,20 @@ def test_the_same_command_again_goes_on_from_a_capped_run(tmp_path: Path) -> Non
     assert second.exit_code == 0, second.output
     assert "resuming at step 1/2" in second.output and not resume_state_file(out).parent.exists()
     assert json.loads((out / REPORT_FILE).read_text())["finished"] is True
+
+
+def test_frames_per_token_sets_the_temporal_patch_and_a_non_divisor_is_refused(tmp_path: Path) -> None:
+    add_plugin_commands(app)
+    out = tmp_path / "m"
+    base = ["pretrain-moving-shapes", "--out", str(out), "--steps", "1", "--eval-seeds", "0"]
+    refused = CliRunner().invoke(app, [*base, "--frames-per-token", "3"])
+    assert refused.exit_code != 0 and "does not divide the clip's 4 frames" in refused.output
+    assert not out.exists()
+    made = CliRunner().invoke(app, [*base, "--frames-per-token", "2"])
+    assert made.exit_code == 0, made.output
+    config = json.loads((out / "transformer" / "config.json").read_text())
+    assert config["patch_size"] == [2, 4, 4]
+    adapter = MovingShapesAdapter.load(out)  # the folder's own patch: no size to pass when loading
+    x0 = render_clips(PROMPTS[:1], np.random.default_rng(0), 32, 4)
+    loss = flow_matching_loss(adapter, x0, PROMPTS[:1], torch.Generator().manual_seed(0))
+    assert torch.isfinite(loss)

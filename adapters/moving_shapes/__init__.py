@@ -78,6 +78,12 @@ def register_commands(app: Any) -> None:  # app: the root typer.Typer
         eval_seeds: int = typer.Option(
             2, "--eval-seeds", min=0, help="Samples per prompt of the final evaluation (0 = skip it)."
         ),
+        frames_per_token: int = typer.Option(
+            1,
+            "--frames-per-token",
+            min=1,
+            help="Frames one token spans (the transformer's temporal patch); must divide the clip's frames.",
+        ),
     ) -> None:
         """Pretrain the moving-shapes video model from scratch (flow matching) and report its accuracy.
 
@@ -87,10 +93,19 @@ def register_commands(app: Any) -> None:  # app: the root typer.Typer
         """
         import dataclasses
 
+        from .build import ModelSize
         from .pretrain import PROPOSED
         from .pretrain import pretrain_moving_shapes as run
 
         config = dataclasses.replace(PROPOSED, seed=seed, max_minutes=minutes)
         if steps is not None:
             config = dataclasses.replace(config, steps=steps)
-        run(out, config, eval_seeds=tuple(range(eval_seeds)), log=typer.echo)
+        default = ModelSize()
+        if default.num_frames % frames_per_token:
+            raise typer.BadParameter(
+                f"{frames_per_token} does not divide the clip's {default.num_frames} frames: pass a divisor",
+                param_hint="--frames-per-token",
+            )
+        _, height, width = default.patch_size
+        size = ModelSize(patch_size=(frames_per_token, height, width))
+        run(out, config, size, eval_seeds=tuple(range(eval_seeds)), log=typer.echo)
