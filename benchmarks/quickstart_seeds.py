@@ -450,13 +450,19 @@ def second_cpu_line() -> str:
     seeds = [r["seed"] for r in rows]
     lasts = [r["last"] for r in rows]
     first = {r["seed"]: r["last"] for r in seed_rows(VARIANTS["shipped"])}
-    text = (
-        f"On a second CPU ({where}) the same command followed other trajectories: "
-        f"{mean(lasts):+.1f} points on average over seed{'s' if len(seeds) > 1 else ''} "
-        f"{', '.join(map(str, seeds))} (range {min(lasts):+.1f} to {max(lasts):+.1f})"
-    )
+    if len(rows) == 1:
+        gain = f"{lasts[0]:+.1f} points for seed {seeds[0]}"
+    else:
+        gain = (
+            f"{mean(lasts):+.1f} points on average over seeds {', '.join(map(str, seeds))} "
+            f"(range {min(lasts):+.1f} to {max(lasts):+.1f})"
+        )
+    text = f"On a second CPU ({where}) the same command followed other trajectories: {gain}"
     if all(s in first for s in seeds):
-        text += f", where the first CPU's records of the same seeds give {mean(first[s] for s in seeds):+.1f}"
+        same = (
+            "its record on the first CPU gives" if len(seeds) == 1 else "their records on the first CPU give"
+        )
+        text += f", where {same} {mean(first[s] for s in seeds):+.1f}"
     missing = [s for s in second.seeds if s not in seeds]
     pending = (
         f"; seed{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} not run yet"

@@ -56,11 +56,12 @@ def test_a_second_cpus_seeds_are_stated_beside_the_first_cpus_records_of_the_sam
     _cell(tmp_path, 0, [0.40, 0.60, 0.50], variant="second_cpu", cpu=cpu)  # +10 where the first gave +20
     line = qs.second_cpu_line()
     assert line.startswith("On a second CPU (Some CPU, AVX2 kernels)")
-    assert "+10.0 points on average over seed 0 (range +10.0 to +10.0)" in line
-    assert "the first CPU's records of the same seeds give +20.0" in line and "seeds 3, 4 not run yet" in line
+    assert "+10.0 points for seed 0, where" in line
+    assert "where its record on the first CPU gives +20.0" in line and "seeds 3, 4 not run yet" in line
     _cell(tmp_path, 3, [0.40, 0.45, 0.46], variant="second_cpu", cpu=cpu)  # +6 where the first gave +10
     line = qs.second_cpu_line()
-    assert "+8.0 points on average over seeds 0, 3 (range +6.0 to +10.0)" in line and "give +15.0" in line
+    assert "+8.0 points on average over seeds 0, 3 (range +6.0 to +10.0)" in line
+    assert "where their records on the first CPU give +15.0" in line
     assert qs.readme_sentence(shipped).endswith(" " + line) and qs.table(shipped).endswith(line + "\n")
     assert line not in qs.table(second)  # said once, under the shipped seeds
 
