@@ -291,6 +291,7 @@ def save_cell(
         "commit": _commit(),
         "threads": threads,
         "cpu": cpu_facts(),
+        "libraries": library_versions(),
         "wall_s": None if wall_s is None else round(wall_s, 1),
         "wall_note": wall_note,
     }
@@ -315,6 +316,23 @@ def cpu_facts() -> dict[str, str]:
         ]
         model = names[0] if names else model
     return {"model": model, "kernels": torch.backends.cpu.get_cpu_capability()}
+
+
+TRACKED_LIBRARIES = ("torch", "diffusers", "transformers", "accelerate", "peft", "numpy")
+
+
+def library_versions() -> dict[str, str]:
+    """The installed versions of the libraries a run's numbers go through: a fresh install takes the day's
+    releases, so a record says which ones made it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for name in TRACKED_LIBRARIES:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = "not installed"
+    return found
 
 
 def annotate(variant: Variant, seed: int, run_dir: Path, threads: int | None) -> None:

@@ -163,3 +163,17 @@ def test_the_second_cpu_rule_in_the_docs_is_the_scripts():
     doc = (ROOT / "docs" / "quickstart.md").read_text()
     block = doc.split("<!-- second-cpu-rule:begin -->")[1].split("<!-- second-cpu-rule:end -->")[0]
     assert block.strip() == qs.SECOND_CPU_RULE
+
+
+def test_a_saved_cell_records_its_cpu_and_library_versions(tmp_path, monkeypatch):
+    monkeypatch.setattr(qs, "RESULTS", tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"kind": "eval", "iteration": 0, qs.METRIC: 0.4}, {"kind": "train", "iteration": 1, "loss": 0.1}]
+    (run / qs.records.LOG).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    qs.save_cell(qs.VARIANTS["second_cpu"], 0, run, wall_s=1.0, threads=1)
+    cell = json.loads((tmp_path / "second_cpu" / "seed0" / "cell.json").read_text())
+    import torch
+
+    assert cell["cpu"]["kernels"] == torch.backends.cpu.get_cpu_capability() and cell["cpu"]["model"]
+    assert cell["libraries"]["torch"] == torch.__version__.split("+")[0]
