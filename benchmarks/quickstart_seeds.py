@@ -378,6 +378,17 @@ def seed_rows(variant: Variant) -> list[dict[str, Any]]:
     return out
 
 
+def _missing(variant: Variant, rows: list[dict[str, Any]]) -> list[int]:
+    """The variant's seeds that have no finished row yet."""
+    done = {r["seed"] for r in rows}
+    return [s for s in variant.seeds if s not in done]
+
+
+def _named_seeds(seeds: list[int]) -> str:
+    """``seed 3`` or ``seeds 3, 4``."""
+    return f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+
+
 def _summary(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "none yet"
@@ -481,12 +492,8 @@ def second_cpu_line() -> str:
             "its record on the first CPU gives" if len(seeds) == 1 else "their records on the first CPU give"
         )
         text += f", where {same} {mean(first[s] for s in seeds):+.1f}"
-    missing = [s for s in second.seeds if s not in seeds]
-    pending = (
-        f"; seed{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} not run yet"
-        if missing
-        else ""
-    )
+    missing = _missing(second, rows)
+    pending = f"; {_named_seeds(missing)} not run yet" if missing else ""
     return text + f" (committed records{pending})."
 
 
@@ -503,7 +510,7 @@ def table(variant: Variant) -> str:
         cells = " | ".join(f"{r['gains'][i]:+.1f}" if i in r["gains"] else "" for i in iterations)
         lines.append(f"| {r['seed']} | {role} | {cells} | {r['last'] - r['best']:+.1f} |")
     tuning, unseen = by_role(rows, variant.quickstart)
-    missing = [s for s in variant.seeds if s not in {r["seed"] for r in rows}]
+    missing = _missing(variant, rows)
     text = base_model_line(variant.quickstart) + "\n".join(lines) + "\n\n"
     text += f"Held-out `correct` at iteration 0: {rows[0]['base']:.1f}%. Gain at the last evaluation "
     text += "(points), mean [range]: "
@@ -557,9 +564,8 @@ def media_sentence(variant: Variant) -> str:
     if (previous := previous_protocol(q)) is not None:
         old = mean(r["last"] for r in previous.unseen)
         text += f"; under {previous.what}, {old:+.1f} over the same unseen seeds"
-    missing = [s for s in variant.seeds if s not in {r["seed"] for r in rows}]
-    named = f"seed{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}"
-    pending = f"; {named} not run yet" if missing else ""
+    missing = _missing(variant, rows)
+    pending = f"; {_named_seeds(missing)} not run yet" if missing else ""
     return text + f" (committed records{pending})."
 
 
@@ -603,9 +609,8 @@ def readme_sentence(variant: Variant, timed_seed: int = 0) -> str:
         )
     elif tuning:
         text += ", all of them seeds the recipe was tuned on"
-    missing = [s for s in variant.seeds if s not in seeds]
-    named = f"seed{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}"
-    pending = f"; {named} of the seed rule not run yet" if missing else ""
+    missing = _missing(variant, rows)
+    pending = f"; {_named_seeds(missing)} of the seed rule not run yet" if missing else ""
     text += f" (seeds {', '.join(map(str, seeds))}; committed records{pending})."
     if variant is VARIANTS["shipped"] and (second := second_cpu_line()):
         text += " " + second

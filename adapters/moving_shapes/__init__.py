@@ -101,11 +101,12 @@ def register_commands(app: Any) -> None:  # app: the root typer.Typer
         if steps is not None:
             config = dataclasses.replace(config, steps=steps)
         default = ModelSize()
-        if default.num_frames % frames_per_token:
+        _, height, width = default.patch_size
+        try:
+            size = ModelSize(patch_size=(frames_per_token, height, width))
+        except ValueError:  # the only knob this command exposes is the frames per token
             raise typer.BadParameter(
                 f"{frames_per_token} does not divide the clip's {default.num_frames} frames: pass a divisor",
                 param_hint="--frames-per-token",
-            )
-        _, height, width = default.patch_size
-        size = ModelSize(patch_size=(frames_per_token, height, width))
+            ) from None
         run(out, config, size, eval_seeds=tuple(range(eval_seeds)), log=typer.echo)

@@ -47,17 +47,21 @@ class ModelSize:
     text_heads: int = 4
     max_prompt_tokens: int = 16  # the longest prompt is 11 words + BOS + EOS
 
+    def __post_init__(self) -> None:
+        """A clip must split into whole tokens: refused here, before any weights or folder are made."""
+        pt, ph, pw = self.patch_size
+        if self.resolution % ph or self.resolution % pw or self.num_frames % pt:
+            raise ValueError(
+                f"{self.num_frames} frames of {self.resolution} px do not split into patches "
+                f"{self.patch_size}"
+            )
+
 
 def build_moving_shapes_model(folder: str | Path, size: ModelSize = ModelSize(), seed: int = 0) -> Path:
     """Write ``transformer/``, ``text_encoder/``, ``tokenizer/`` under ``folder``; returns the folder.
 
     Deterministic: the same size and seed give the same weights (CPU init under ``torch.manual_seed``,
     the caller's global RNG left untouched)."""
-    pt, ph, pw = size.patch_size
-    if size.resolution % ph or size.resolution % pw or size.num_frames % pt:
-        raise ValueError(
-            f"{size.num_frames} frames of {size.resolution} px do not split into patches {size.patch_size}"
-        )
     folder = Path(folder)
     tokenizer = byte_level_tokenizer(size.max_prompt_tokens, world_words())
     with torch.random.fork_rng(devices=[]):
